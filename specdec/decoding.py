@@ -1,0 +1,556 @@
+"""Decode loops: T5X's `temperature_sample` and exact `speculative_sample`.
+
+Both are one `lax.while_loop`, know nothing of networks, and talk to a model
+only through `tokens_to_logits(DecodingState) -> (logits, new_cache)`.
+
+Multi-token contract (used by `speculative_sample` for both models):
+`state.cur_token` is [B, k] (k >= 1), `state.cur_index` is [B] and gives the
+position of `cur_token[:, 0]` per row; the model writes the k tokens' keys and
+values at those positions, drops writes at positions past its cache, and
+returns `(logits [B, k, V], new_cache)` where logits[:, j] predicts position
+`cur_index + j + 1`. `temperature_sample` calls it with k = 1 and also accepts
+T5X's single-token return shape [B, V].
+
+Sequence layout (as T5X): position 0 holds BOS (0); positions 1..L are the
+output `decodes[..., :L]`; non-zero entries of `inputs[:, 1:]` are a prompt
+that is teacher-forced and excluded from the log-probabilities; after a
+generated EOS a row emits 0.
+"""
+
+import functools
+from typing import Any, Callable, Mapping, Optional, Tuple, Union
+
+import flax
+import jax
+from jax import lax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec import sampling
+
+PyTree = Any
+
+
+@flax.struct.dataclass
+class DecodingState:
+  """What a decode loop hands to `tokens_to_logits` (T5X's fields).
+
+  Attributes:
+    cur_index: [B] position of `cur_token[:, 0]` in each row.
+    sequences: [B, length] the sequences decoded so far (read-only context).
+    cur_token: [B, k] tokens to feed at positions cur_index .. cur_index+k-1.
+    cache: the model's decoding cache.
+  """
+  cur_index: jax.Array
+  sequences: jax.Array
+  cur_token: jax.Array
+  cache: PyTree
+
+
+TokensToLogits = Callable[[DecodingState], Tuple[jax.Array, PyTree]]
+
+
+# ---------------------------------------------------------------------------
+# Shared helpers.
+# ---------------------------------------------------------------------------
+
+
+def _validate_common(inputs, eos_id, num_decodes, temperature, topk, topp,
+                     max_decode_steps, lenience=1.0) -> None:
+  if inputs.ndim != 2:
+    raise ValueError(f'inputs must be [batch, length], got shape {inputs.shape}.')
+  if not jnp.issubdtype(inputs.dtype, jnp.integer):
+    raise ValueError(f'inputs must hold integer token ids, got {inputs.dtype}.')
+  if not isinstance(eos_id, (int, np.integer)) or eos_id < 0:
+    raise ValueError(f'eos_id must be an int >= 0, got {eos_id!r}.')
+  if not isinstance(num_decodes, (int, np.integer)) or num_decodes < 1:
+    raise ValueError(f'num_decodes must be an int >= 1, got {num_decodes!r}.')
+  sampling.validate_sampling_args(temperature, topk, topp, lenience)
+  if max_decode_steps is not None and sampling._is_concrete(max_decode_steps):  # pylint: disable=protected-access
+    steps = np.asarray(max_decode_steps)
+    if np.any(steps < 0) or np.any(steps > inputs.shape[1]):
+      raise ValueError(
+          f'max_decode_steps must be in [0, {inputs.shape[1]}] (the decode '
+          f'length of `inputs`), got {max_decode_steps}.')
+
+
+def _expand(x: jax.Array, num_decodes: int, axis: int = 0) -> jax.Array:
+  """Repeats each batch row in place: [[a],[b]] -> [a,a,...,b,b,...]."""
+  return jnp.repeat(x, num_decodes, axis=axis)
+
+
+def expand_cache(cache: PyTree, num_decodes: int, cache_offset: int = 0):
+  """Repeats the batch axis (`cache_offset`) of every cache leaf."""
+  if num_decodes == 1:
+    return cache
+  def expand_leaf(x):
+    x = jnp.asarray(x)
+    return _expand(x, num_decodes, cache_offset) if x.ndim > cache_offset else x
+  return jax.tree_util.tree_map(expand_leaf, cache)
+
+
+def _freeze_like(new_cache, old_cache):
+  if isinstance(old_cache, flax.core.FrozenDict):
+    return flax.core.freeze(new_cache)
+  return new_cache
+
+
+def _max_decode_len(inputs: jax.Array, max_decode_steps) -> jax.Array:
+  """[B] the last position each row may fill (as T5X)."""
+  length = inputs.shape[1]
+  if max_decode_steps is None:
+    return jnp.full((inputs.shape[0],), length, jnp.int32)
+  prompt_len = jnp.sum(inputs != 0, axis=1).astype(jnp.int32)
+  return jnp.minimum(length, prompt_len + jnp.asarray(max_decode_steps, jnp.int32))
+
+
+def _zero_after_eos(sequences_bl: jax.Array, generated_bl: jax.Array,
+                    eos_id: int) -> jax.Array:
+  """Zeros every position after a row's first *generated* EOS."""
+  is_eos = (sequences_bl == eos_id) & generated_bl
+  seen_before = jnp.cumsum(is_eos, axis=1) - is_eos > 0
+  return jnp.where(seen_before, 0, sequences_bl)
+
+
+def _sort_by_log_prob(batch_size, num_decodes, decodes, log_prob, extra=None):
+  """[B*nd, ...] -> [B, nd, ...] sorted by log-prob ascending (best last)."""
+  unflat = lambda x: x.reshape((batch_size, num_decodes) + x.shape[1:])
+  decodes, log_prob = unflat(decodes), unflat(log_prob)
+  order = jnp.argsort(log_prob, axis=1)
+  def take(x):
+    idx = order.reshape(order.shape + (1,) * (x.ndim - 2))
+    return jnp.take_along_axis(x, idx, axis=1)
+  extra = None if extra is None else jax.tree_util.tree_map(
+      lambda x: take(unflat(x)), extra)
+  return take(decodes), take(log_prob), extra
+
+
+# ---------------------------------------------------------------------------
+# Baseline: T5X's temperature_sample.
+# ---------------------------------------------------------------------------
+
+
+@flax.struct.dataclass
+class SamplingLoopState:
+  """State of `temperature_sample`'s loop (T5X's fields)."""
+  step: jax.Array
+  cur_index: jax.Array
+  sequences: jax.Array
+  cache: PyTree
+  cur_token: jax.Array
+  ended: jax.Array
+  rng: jax.Array
+  log_prob: jax.Array
+
+
+def temperature_sample(
+    inputs: jax.Array,
+    cache: Mapping[str, jax.Array],
+    tokens_to_logits: TokensToLogits,
+    eos_id: int,
+    decode_rng: Optional[jax.Array] = None,
+    num_decodes: int = 1,
+    temperature: Union[float, jax.Array] = 1.0,
+    topk: int = 1,
+    topp: float = 0.0,
+    cache_offset: int = 0,
+    initial_index: Optional[jax.Array] = None,
+    max_decode_steps: Optional[Union[int, jax.Array]] = None,
+    max_decode_steps_hard_limit: Optional[int] = None,
+    rescale_log_probs: bool = True,
+    state_callback_fn: Optional[Callable[[SamplingLoopState],
+                                         SamplingLoopState]] = None,
+    logit_callback_fn: Optional[Callable[[jax.Array, SamplingLoopState],
+                                         jax.Array]] = None,
+) -> Tuple[jax.Array, jax.Array]:
+  """Temperature sampling, one target call per token (T5X's signature).
+
+  Args:
+    inputs: [B, L] int decoder prompt; inputs[:, 0] is ignored (BOS = 0 is
+      fed), non-zero entries are teacher-forced.
+    cache: the model's decoding cache (batch on axis `cache_offset`).
+    tokens_to_logits: see the module docstring; called with k = 1.
+    eos_id: end-of-sequence id.
+    decode_rng: PRNG key (default PRNGKey(0)).
+    num_decodes: samples per row; rows are repeated in place.
+    temperature: >= 0; <= 1e-4 means argmax.
+    topk: keep the k most likely tokens (0 = off). T5X's default is 1.
+    topp: nucleus mass (0 = off); not together with topk.
+    cache_offset: the batch axis of cache leaves.
+    initial_index: optional [B] start positions for a prefilled cache.
+    max_decode_steps: new tokens per row after the prompt.
+    max_decode_steps_hard_limit: clips max_decode_steps.
+    rescale_log_probs: score under the adjusted distribution (True) or under
+      softmax(logits).
+    state_callback_fn: applied to the loop state before each step.
+    logit_callback_fn: applied to (logits [B, V], state) before sampling.
+
+  Returns:
+    (decodes [B, num_decodes, L], log_prob [B, num_decodes]) sorted by log_prob
+    ascending, as T5X.
+  """
+  _validate_common(inputs, eos_id, num_decodes, temperature, topk, topp,
+                   max_decode_steps)
+  if decode_rng is None:
+    decode_rng = jax.random.PRNGKey(0)
+  if (max_decode_steps_hard_limit and max_decode_steps is not None):
+    max_decode_steps = jnp.minimum(max_decode_steps, max_decode_steps_hard_limit)
+
+  batch_size = inputs.shape[0]
+  inputs = _expand(inputs, num_decodes)
+  cache = expand_cache(cache, num_decodes, cache_offset)
+  if initial_index is not None:
+    initial_index = _expand(initial_index, num_decodes)
+  rows, length = inputs.shape
+  max_len_b = _max_decode_len(inputs, max_decode_steps)
+
+  # Two extra slots: the position after L, and a garbage slot that rows
+  # which already reached their limit keep overwriting (as T5X).
+  sequences0 = jnp.pad(inputs.astype(jnp.int32), ((0, 0), (0, 2)))
+  if initial_index is None:
+    index0 = jnp.zeros((rows,), jnp.int32)
+    sequences0 = sequences0.at[:, 0].set(0)
+  else:
+    index0 = initial_index.astype(jnp.int32)
+  token0 = jnp.take_along_axis(sequences0, index0[:, None], axis=1)
+  generated0 = jnp.zeros_like(sequences0, dtype=bool)
+
+  def cond_fn(carry):
+    state, _ = carry
+    return ~jnp.all(state.ended)
+
+  def body_fn(carry):
+    state, generated = carry
+    if state_callback_fn is not None:
+      state = state_callback_fn(state)
+    step_rng, next_rng = jax.random.split(state.rng)
+    logits, new_cache = tokens_to_logits(DecodingState(
+        cur_index=state.cur_index, sequences=state.sequences[:, :-2],
+        cur_token=state.cur_token, cache=state.cache))
+    new_cache = _freeze_like(new_cache, state.cache)
+    if logits.ndim == 3:  # The multi-token contract, k = 1.
+      logits = logits[:, 0]
+    if logit_callback_fn is not None:
+      logits = logit_callback_fn(logits, state)
+    logp_bv = sampling.adjusted_log_probs(logits, temperature, topk, topp)
+    sampled_b = sampling.sample(step_rng, logp_bv)
+    score_logp_bv = (logp_bv if rescale_log_probs
+                     else jax.nn.log_softmax(logits.astype(jnp.float32)))
+
+    i_b = jnp.minimum(state.cur_index, max_len_b)
+    forced_token_b = jnp.take_along_axis(state.sequences, (i_b + 1)[:, None],
+                                         axis=1)[:, 0]
+    is_forced_b = forced_token_b != 0
+    token_b = jnp.where(is_forced_b, forced_token_b, sampled_b)
+    token_b = jnp.where(state.ended, 0, token_b)
+    counts_b = ~is_forced_b & ~state.ended
+    log_prob_b = state.log_prob + jnp.where(
+        counts_b, sampling.token_log_prob(score_logp_bv, sampled_b), 0.0)
+    write_bl = jnp.arange(length + 2) == (i_b + 1)[:, None]
+    sequences = jnp.where(write_bl, token_b[:, None], state.sequences)
+    generated = generated | (write_bl & counts_b[:, None])
+    ended = (state.ended | (counts_b & (token_b == eos_id))
+             | (i_b >= max_len_b - 1))
+    return SamplingLoopState(
+        step=state.step + 1, cur_index=i_b + 1, sequences=sequences,
+        cache=new_cache, cur_token=token_b[:, None], ended=ended,
+        rng=next_rng, log_prob=log_prob_b), generated
+
+  state0 = SamplingLoopState(
+      step=jnp.zeros((), jnp.int32), cur_index=index0, sequences=sequences0,
+      cache=cache, cur_token=token0, ended=index0 >= max_len_b,
+      rng=decode_rng, log_prob=jnp.zeros((rows,), jnp.float32))
+  final, generated = lax.while_loop(cond_fn, body_fn, (state0, generated0))
+  if state_callback_fn is not None:
+    final = state_callback_fn(final)
+  decodes = _zero_after_eos(final.sequences, generated, eos_id)[:, 1:-1]
+  decodes, log_prob, _ = _sort_by_log_prob(batch_size, num_decodes, decodes,
+                                           final.log_prob)
+  return decodes, log_prob
+
+
+# ---------------------------------------------------------------------------
+# Speculative sampling (Leviathan et al. 2023, Algorithm 1).
+# ---------------------------------------------------------------------------
+
+
+@flax.struct.dataclass
+class SpeculativeLoopState:
+  """State of `speculative_sample`'s loop.
+
+  Attributes:
+    cur_index: [B] position of each row's last committed token; the target has
+      consumed every position before it, the drafter at least all before it-1.
+    sequences: [B, L+γ+2] committed tokens (position 0 = BOS), then prompt.
+    target_cache, draft_cache: the two models' caches.
+    ended: [B] rows that emitted EOS or reached their length limit.
+    generated: [B, L+γ+2] positions holding sampled (not forced) tokens.
+    rng: PRNG key.
+    log_prob: [B] log-probability of the sampled tokens under adjusted p.
+    stats: per-row counters (see `speculative_sample`).
+  """
+  cur_index: jax.Array
+  sequences: jax.Array
+  target_cache: PyTree
+  draft_cache: PyTree
+  ended: jax.Array
+  generated: jax.Array
+  rng: jax.Array
+  log_prob: jax.Array
+  stats: Mapping[str, jax.Array]
+
+
+def _logits_shape(tokens_to_logits, cache, sequences, k, name):
+  """Abstractly evaluates one k-token call: the vocab size, at no cost."""
+  rows = sequences.shape[0]
+  state = DecodingState(
+      cur_index=jax.ShapeDtypeStruct((rows,), jnp.int32),
+      sequences=jax.ShapeDtypeStruct(sequences.shape, jnp.int32),
+      cur_token=jax.ShapeDtypeStruct((rows, k), jnp.int32),
+      cache=jax.tree_util.tree_map(
+          lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)),
+          cache))
+  try:
+    logits, _ = jax.eval_shape(tokens_to_logits, state)
+  except Exception as e:  # pylint: disable=broad-except
+    raise ValueError(f'{name} failed on a [{rows}, {k}] token block; it must '
+                     'accept k >= 1 tokens per row (multi-token contract): '
+                     f'{e}') from e
+  if logits.ndim != 3 or logits.shape[:2] != (rows, k):
+    raise ValueError(f'{name} must return logits [batch, k={k}, vocab] for a '
+                     f'[{rows}, {k}] token block, got {logits.shape}.')
+  return logits.shape
+
+
+def speculative_sample(
+    inputs: jax.Array,
+    cache: Mapping[str, jax.Array],
+    tokens_to_logits: TokensToLogits,
+    draft_cache: Mapping[str, jax.Array],
+    draft_tokens_to_logits: TokensToLogits,
+    eos_id: int,
+    gamma: int = 4,
+    decode_rng: Optional[jax.Array] = None,
+    num_decodes: int = 1,
+    temperature: Union[float, jax.Array] = 1.0,
+    topk: int = 1,
+    topp: float = 0.0,
+    cache_offset: int = 0,
+    draft_cache_offset: Optional[int] = None,
+    max_decode_steps: Optional[Union[int, jax.Array]] = None,
+    max_decode_steps_hard_limit: Optional[int] = None,
+    rescale_log_probs: bool = True,
+    lenience: float = 1.0,
+    return_stats: bool = False,
+):
+  """Speculative sampling: the target's output distribution, fewer target calls.
+
+  Each loop iteration drafts γ tokens with the drafter, scores all γ+1
+  positions with ONE multi-token target call, keeps the leading drafts that
+  pass Algorithm 1's test (per row), and samples one more token from the
+  residual or, when all γ were kept, from p_{γ+1}. Greedy outputs equal
+  `temperature_sample`'s token for token; sampled outputs have its
+  distribution exactly (lenience = 1).
+
+  Arguments are `temperature_sample`'s, plus:
+    draft_cache, draft_tokens_to_logits: the drafter's; both models follow the
+      multi-token contract (module docstring) and share one vocabulary.
+    gamma: drafts per iteration (γ >= 1).
+    draft_cache_offset: batch axis of the drafter's cache (default
+      `cache_offset`).
+    lenience: l in (0, 1]. 1 is exact; l < 1 is the paper's approximate
+      variant (Appendix A.5) and no longer preserves the distribution.
+    return_stats: also return per-row statistics.
+
+  Returns:
+    (decodes [B, nd, L], log_prob [B, nd]) sorted by log_prob ascending; with
+    `return_stats=True` also a dict of [B, nd] arrays (same order):
+    `target_calls` (iterations the row took part in), `drafted` (γ per
+    iteration, within the row's length budget), `judged` (drafts actually
+    compared: up to and including the first rejection), `accepted`,
+    `accepted_at` [B, nd, γ] (how often draft position j was kept),
+    `overlap_sum` / `overlap_count` (Σ over verified positions of
+    Σ_x min(p, q), the paper's α estimator), `emitted` (tokens produced).
+  """
+  if isinstance(gamma, bool) or not isinstance(gamma, (int, np.integer)) or gamma < 1:
+    raise ValueError(f'gamma must be an int >= 1, got {gamma!r}.')
+  _validate_common(inputs, eos_id, num_decodes, temperature, topk, topp,
+                   max_decode_steps, lenience)
+  if draft_cache_offset is None:
+    draft_cache_offset = cache_offset
+  if decode_rng is None:
+    decode_rng = jax.random.PRNGKey(0)
+  if (max_decode_steps_hard_limit and max_decode_steps is not None):
+    max_decode_steps = jnp.minimum(max_decode_steps, max_decode_steps_hard_limit)
+
+  batch_size, length = inputs.shape
+  buffer_len = length + gamma + 2
+  target_shape = _logits_shape(tokens_to_logits, cache,
+                               jnp.zeros((batch_size, buffer_len)), gamma + 1,
+                               'tokens_to_logits')
+  draft_shape = _logits_shape(draft_tokens_to_logits, draft_cache,
+                              jnp.zeros((batch_size, buffer_len)), 2,
+                              'draft_tokens_to_logits')
+  if target_shape[-1] != draft_shape[-1]:
+    raise ValueError(
+        f'Vocabulary mismatch: the target gives {target_shape[-1]} logits per '
+        f'token, the drafter (draft_tokens_to_logits) {draft_shape[-1]}. '
+        'Speculative decoding needs one shared vocabulary.')
+
+  inputs = _expand(inputs, num_decodes).astype(jnp.int32)
+  cache = expand_cache(cache, num_decodes, cache_offset)
+  draft_cache = expand_cache(draft_cache, num_decodes, draft_cache_offset)
+  rows = inputs.shape[0]
+  max_len_b = _max_decode_len(inputs, max_decode_steps)
+  greedy = sampling.is_greedy(temperature)
+  adjust = functools.partial(sampling.adjusted_log_probs,
+                             temperature=temperature, topk=topk, topp=topp)
+  row_ids = jnp.arange(rows)[:, None]
+  steps_g = jnp.arange(gamma)
+  steps_g1 = jnp.arange(gamma + 1)
+
+  sequences0 = jnp.pad(inputs, ((0, 0), (0, gamma + 2))).at[:, 0].set(0)
+  # Prompt tokens (non-zero inputs past BOS) are given, never sampled.
+  forced0 = (sequences0 != 0).at[:, 0].set(False)
+
+  def draft(state):
+    """γ drafter steps: drafts [B, γ] and the log q they came from [B, γ, V]."""
+    i_b = state.cur_index
+    rng, draft_rng = jax.random.split(state.rng)
+    draft_rngs = jax.random.split(draft_rng, gamma)
+    # First call: positions i-1 and i. After an iteration that kept every
+    # draft the drafter has not yet seen x_γ (at i-1) nor the bonus token (at
+    # i); otherwise this rewrites i-1 and overwrites stale entries at i.
+    # At i = 0 the window is [BOS, garbage] at [0, 1] and we read position 0.
+    start_b = jnp.maximum(i_b - 1, 0)
+    window_b2 = jnp.take_along_axis(state.sequences,
+                                    start_b[:, None] + jnp.arange(2), axis=1)
+    logits_b2v, draft_cache = draft_tokens_to_logits(DecodingState(
+        cur_index=start_b, sequences=state.sequences, cur_token=window_b2,
+        cache=state.draft_cache))
+    draft_cache = _freeze_like(draft_cache, state.draft_cache)
+    logits_bv = jnp.take_along_axis(
+        logits_b2v, (i_b - start_b)[:, None, None], axis=1)[:, 0]
+
+    def draft_one(j, logits_bv):
+      """Samples the draft for position i+1+j (or takes the forced token)."""
+      logq_bv = adjust(logits_bv)
+      pos_b = i_b + 1 + j
+      forced_token_b = state.sequences[jnp.arange(rows), pos_b]
+      token_b = jnp.where(forced0[jnp.arange(rows), pos_b], forced_token_b,
+                          sampling.sample(draft_rngs[j], logq_bv))
+      return token_b, logq_bv
+
+    token_b, logq_bv = draft_one(0, logits_bv)
+
+    def scan_fn(carry, j):
+      token_b, cache = carry
+      logits_b1v, new_cache = draft_tokens_to_logits(DecodingState(
+          cur_index=i_b + j, sequences=state.sequences,
+          cur_token=token_b[:, None], cache=cache))
+      new_cache = _freeze_like(new_cache, cache)
+      next_token_b, logq_bv = draft_one(j, logits_b1v[:, 0])
+      return (next_token_b, new_cache), (next_token_b, logq_bv)
+
+    (_, draft_cache), (rest_gb, rest_logq_gbv) = lax.scan(
+        scan_fn, (token_b, draft_cache), jnp.arange(1, gamma))
+    drafts_bg = jnp.concatenate([token_b[:, None], rest_gb.T], axis=1)
+    logq_bgv = jnp.concatenate(
+        [logq_bv[:, None], jnp.swapaxes(rest_logq_gbv, 0, 1)], axis=1)
+    return rng, drafts_bg, logq_bgv, draft_cache
+
+  def body_fn(state: SpeculativeLoopState) -> SpeculativeLoopState:
+    i_b = state.cur_index
+    rng, drafts_bg, logq_bgv, draft_cache = draft(state)
+
+    # Verify: one target call on [x_i, x_1..x_γ] at positions i..i+γ.
+    cur_token_b = jnp.take_along_axis(state.sequences, i_b[:, None], axis=1)
+    logits_bkv, target_cache = tokens_to_logits(DecodingState(
+        cur_index=i_b, sequences=state.sequences,
+        cur_token=jnp.concatenate([cur_token_b, drafts_bg], axis=1),
+        cache=state.target_cache))
+    target_cache = _freeze_like(target_cache, state.target_cache)
+    logp_bkv = adjust(logits_bkv)
+
+    rng, verify_rng = jax.random.split(rng)
+    pos_bk = i_b[:, None] + 1 + steps_g1  # positions of the γ+1 candidates
+    forced_bk = forced0[row_ids, pos_bk]
+    verdict = sampling.verify(
+        verify_rng, drafts_bg, logq_bgv, logp_bkv, lenience=lenience,
+        forced_bg=forced_bk[:, :gamma], greedy=greedy,
+        target_logits_bgv=logits_bkv)
+    n_b = verdict.num_accepted_b
+
+    # Candidates: the n kept drafts, then the residual/bonus token.
+    next_b = jnp.where(forced_bk[jnp.arange(rows), n_b],
+                       state.sequences[jnp.arange(rows), i_b + 1 + n_b],
+                       verdict.next_token_b)
+    cand_bk = jnp.where(steps_g1 < n_b[:, None],
+                        jnp.pad(drafts_bg, ((0, 0), (0, 1))), next_b[:, None])
+    active_b = ~state.ended
+    sampled_bk = ~forced_bk
+    in_budget_bk = (steps_g1 <= n_b[:, None]) & (pos_bk <= max_len_b[:, None])
+    is_eos_bk = in_budget_bk & sampled_bk & (cand_bk == eos_id)
+    # Keep candidates up to and including the first generated EOS.
+    before_eos_bk = (jnp.cumsum(is_eos_bk, axis=1) - is_eos_bk) == 0
+    write_bk = in_budget_bk & before_eos_bk & active_b[:, None]
+
+    sequences = state.sequences.at[row_ids, pos_bk].set(
+        jnp.where(write_bk, cand_bk, state.sequences[row_ids, pos_bk]))
+    generated = state.generated.at[row_ids, pos_bk].set(
+        state.generated[row_ids, pos_bk] | (write_bk & sampled_bk))
+    cand_logp_bk = sampling.token_log_prob(
+        logp_bkv if rescale_log_probs
+        else jax.nn.log_softmax(logits_bkv.astype(jnp.float32)), cand_bk)
+    log_prob = state.log_prob + jnp.sum(
+        jnp.where(write_bk & sampled_bk, cand_logp_bk, 0.0), axis=1)
+
+    emitted_b = jnp.sum(write_bk, axis=1)
+    hit_eos_b = jnp.any(is_eos_bk & write_bk, axis=1)
+    new_i_b = jnp.where(active_b, jnp.minimum(i_b + n_b + 1, max_len_b), i_b)
+    ended = state.ended | hit_eos_b | (new_i_b >= max_len_b)
+
+    # Statistics over the sampled (not forced) drafts that were compared: up
+    # to and including the first rejection, within the row's budget, and not
+    # after a generated EOS.
+    judged_bg = (sampled_bk & (pos_bk <= max_len_b[:, None]) & before_eos_bk
+                 & active_b[:, None])[:, :gamma] & (steps_g <= n_b[:, None])
+    kept_bg = judged_bg & verdict.accepted_bg
+    s = state.stats
+    stats = dict(
+        target_calls=s['target_calls'] + active_b,
+        drafted=s['drafted'] + jnp.sum(
+            (sampled_bk & (pos_bk <= max_len_b[:, None]))[:, :gamma]
+            & active_b[:, None], axis=1),
+        judged=s['judged'] + jnp.sum(judged_bg, axis=1),
+        accepted=s['accepted'] + jnp.sum(kept_bg, axis=1),
+        accepted_at=s['accepted_at'] + kept_bg,
+        overlap_sum=s['overlap_sum'] + jnp.sum(
+            jnp.where(judged_bg, verdict.overlap_bg, 0.0), axis=1),
+        overlap_count=s['overlap_count'] + jnp.sum(judged_bg, axis=1),
+        emitted=s['emitted'] + jnp.sum(write_bk & sampled_bk, axis=1),
+    )
+    return SpeculativeLoopState(
+        cur_index=new_i_b, sequences=sequences, target_cache=target_cache,
+        draft_cache=draft_cache, ended=ended, generated=generated, rng=rng,
+        log_prob=log_prob, stats=stats)
+
+  zeros_b = jnp.zeros((rows,), jnp.int32)
+  state0 = SpeculativeLoopState(
+      cur_index=zeros_b, sequences=sequences0, target_cache=cache,
+      draft_cache=draft_cache, ended=max_len_b <= 0,
+      generated=jnp.zeros_like(sequences0, dtype=bool), rng=decode_rng,
+      log_prob=jnp.zeros((rows,), jnp.float32),
+      stats=dict(target_calls=zeros_b, drafted=zeros_b, judged=zeros_b,
+                 accepted=zeros_b,
+                 accepted_at=jnp.zeros((rows, gamma), jnp.int32),
+                 overlap_sum=jnp.zeros((rows,), jnp.float32),
+                 overlap_count=zeros_b, emitted=zeros_b))
+  final = lax.while_loop(lambda s: ~jnp.all(s.ended), body_fn, state0)
+  decodes = _zero_after_eos(final.sequences, final.generated,
+                            eos_id)[:, 1:length + 1]
+  decodes, log_prob, stats = _sort_by_log_prob(
+      batch_size, num_decodes, decodes, final.log_prob, final.stats)
+  if return_stats:
+    return decodes, log_prob, stats
+  return decodes, log_prob

@@ -1,0 +1,231 @@
+"""The sampling math of speculative decoding, as pure jit-able functions.
+
+Every decode loop in this project (the baseline and the speculative one) calls
+these functions, so that the target's p and the drafter's q are adjusted by the
+same rule and a draft is always judged with exactly the q it was sampled from
+(PAPER.md, "Setting").
+
+Distributions are carried as log-probabilities `logp_...v` (float32, `-inf`
+where a token has zero mass). Argmax decoding (temperature <= MIN_TEMPERATURE)
+is represented as a one-hot distribution, which makes it an exact special case
+of Algorithm 1: a draft is kept iff it equals argmax p, and on rejection the
+residual norm(max(0, p - q)) is the one-hot of argmax p.
+"""
+
+from typing import NamedTuple, Union
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+# As T5X: temperatures at or below this are argmax decoding.
+MIN_TEMPERATURE = 1e-4
+
+Scalar = Union[float, int, jax.Array]
+
+
+def _is_concrete(x) -> bool:
+  return not isinstance(x, jax.core.Tracer)
+
+
+def validate_sampling_args(temperature: Scalar = 1.0, topk: int = 0,
+                           topp: Scalar = 0.0, lenience: float = 1.0) -> None:
+  """Raises ValueError naming the argument when a sampling setting is invalid.
+
+  Traced (jit-time) values cannot be inspected and are left alone; `topk` and
+  `lenience` decide shapes and branches, so they must be Python numbers.
+  """
+  if _is_concrete(temperature):
+    t = np.asarray(temperature)
+    if t.ndim != 0:
+      raise ValueError(f'temperature must be a scalar, got shape {t.shape}.')
+    if not np.isfinite(t) or t < 0:
+      raise ValueError(f'temperature must be >= 0, got {float(t)}.')
+  if isinstance(topk, bool) or not isinstance(topk, (int, np.integer)):
+    raise ValueError(f'topk must be a Python int >= 0, got {topk!r}.')
+  if topk < 0:
+    raise ValueError(f'topk must be >= 0, got {topk}.')
+  if _is_concrete(topp):
+    if not 0.0 <= float(topp) <= 1.0:
+      raise ValueError(f'topp must be in [0, 1], got {float(topp)}.')
+    if topk and float(topp):
+      raise ValueError('At most one of `topk` or `topp` may be non-zero '
+                       f'(got topk={topk}, topp={float(topp)}).')
+  if not isinstance(lenience, (float, int)) or not 0.0 < lenience <= 1.0:
+    raise ValueError(f'lenience must be a float in (0, 1], got {lenience!r}.')
+
+
+def _topk_mask(logits_xv: jax.Array, topk: int) -> jax.Array:
+  """Keeps the `topk` largest logits (and any tied with the k-th), -inf elsewhere."""
+  topk = min(topk, logits_xv.shape[-1])
+  kth_largest_x1 = jax.lax.top_k(logits_xv, topk)[0][..., -1:]
+  return jnp.where(logits_xv < kth_largest_x1, -jnp.inf, logits_xv)
+
+
+def _topp_mask(logits_xv: jax.Array, topp: Scalar) -> jax.Array:
+  """Nucleus: keeps the smallest set of most likely tokens whose mass is >= topp."""
+  sorted_xv = jnp.flip(jnp.sort(logits_xv, axis=-1), axis=-1)
+  probs_xv = jax.nn.softmax(sorted_xv, axis=-1)
+  mass_before_xv = jnp.cumsum(probs_xv, axis=-1) - probs_xv
+  # The most likely token is always kept, whatever topp is.
+  keep_xv = (mass_before_xv < topp).at[..., 0].set(True)
+  threshold_x1 = jnp.min(jnp.where(keep_xv, sorted_xv, jnp.inf), axis=-1,
+                         keepdims=True)
+  return jnp.where(logits_xv < threshold_x1, -jnp.inf, logits_xv)
+
+
+def is_greedy(temperature: Scalar) -> jax.Array:
+  return jnp.asarray(temperature) <= MIN_TEMPERATURE
+
+
+def adjusted_log_probs(logits_xv: jax.Array, temperature: Scalar = 1.0,
+                       topk: int = 0, topp: Scalar = 0.0) -> jax.Array:
+  """Log-probabilities of the distribution actually sampled from.
+
+  Temperature scaling, then top-k or top-p truncation; at temperature <=
+  MIN_TEMPERATURE the one-hot of argmax(logits) (as T5X, argmax ignores topk
+  and topp). Used for both the target's p and the drafter's q.
+
+  Args:
+    logits_xv: [..., V] logits of any float dtype.
+    temperature: scalar >= 0 (may be traced).
+    topk: static int; 0 disables.
+    topp: scalar in [0, 1]; 0 disables.
+
+  Returns:
+    [..., V] float32 log-probabilities, -inf on tokens with no mass.
+  """
+  logits_xv = logits_xv.astype(jnp.float32)
+  temperature = jnp.asarray(temperature, jnp.float32)
+  scaled_xv = logits_xv / jnp.maximum(temperature, MIN_TEMPERATURE)
+  if topk:
+    scaled_xv = _topk_mask(scaled_xv, topk)
+  if not _is_concrete(topp) or float(topp) > 0.0:
+    scaled_xv = jnp.where(topp > 0.0, _topp_mask(scaled_xv, topp), scaled_xv)
+  sampled_logp_xv = jax.nn.log_softmax(scaled_xv, axis=-1)
+  argmax_x = jnp.argmax(logits_xv, axis=-1)
+  vocab = logits_xv.shape[-1]
+  greedy_logp_xv = jnp.where(
+      jnp.arange(vocab) == argmax_x[..., None], 0.0, -jnp.inf)
+  return jnp.where(is_greedy(temperature), greedy_logp_xv, sampled_logp_xv)
+
+
+def sample(rng: jax.Array, logp_xv: jax.Array) -> jax.Array:
+  """Draws one token per row from (possibly unnormalised) log-probabilities."""
+  return jax.random.categorical(rng, logp_xv, axis=-1).astype(jnp.int32)
+
+
+def token_log_prob(logp_xv: jax.Array, tokens_x: jax.Array) -> jax.Array:
+  """logp[..., token] for each leading index."""
+  return jnp.take_along_axis(logp_xv, tokens_x[..., None], axis=-1)[..., 0]
+
+
+def acceptance_probability(logp_x: jax.Array, logq_x: jax.Array,
+                           lenience: float = 1.0) -> jax.Array:
+  """min(1, p(x) / (l * q(x))), computed in log space so it never NaNs.
+
+  A token the drafter gave no mass (q(x) = 0, never drafted by sampling) is
+  accepted iff p(x) > 0.
+  """
+  log_ratio = logp_x - logq_x - np.log(lenience)
+  prob = jnp.exp(jnp.minimum(log_ratio, 0.0))
+  q_zero = logq_x == -jnp.inf
+  return jnp.where(q_zero, (logp_x > -jnp.inf).astype(prob.dtype), prob)
+
+
+def residual_log_probs(logp_xv: jax.Array, logq_xv: jax.Array) -> jax.Array:
+  """log norm(max(0, p - q)), unnormalised (as `sample` accepts).
+
+  When the residual has no mass in float32 (p == q up to rounding, where a
+  rejection has probability ~0 anyway) it falls back to p, so that the result
+  is always a valid distribution with support inside p's.
+  """
+  residual_xv = jnp.maximum(jnp.exp(logp_xv) - jnp.exp(logq_xv), 0.0)
+  has_mass_x1 = jnp.sum(residual_xv, axis=-1, keepdims=True) > 0.0
+  safe_residual_xv = jnp.where(has_mass_x1, residual_xv, 1.0)
+  return jnp.where(has_mass_x1, jnp.log(safe_residual_xv), logp_xv)
+
+
+def overlap(logp_xv: jax.Array, logq_xv: jax.Array) -> jax.Array:
+  """Σ_x min(p(x), q(x)) = 1 - D_LK(p, q): the acceptance probability β."""
+  return jnp.sum(jnp.exp(jnp.minimum(logp_xv, logq_xv)), axis=-1)
+
+
+class Verdict(NamedTuple):
+  """The outcome of verifying γ drafts (Algorithm 1, steps 3-5), per row.
+
+  Attributes:
+    num_accepted_b: n, the number of leading drafts kept, in [0, γ].
+    next_token_b: the token sampled after them: from the residual at position
+      n+1 when n < γ, else the bonus token from p_{γ+1}.
+    accepted_bg: [B, γ] the leading-kept mask (position j kept iff j < n).
+    overlap_bg: [B, γ] Σ_x min(p_j, q_j), for the paper's α estimator.
+  """
+  num_accepted_b: jax.Array
+  next_token_b: jax.Array
+  accepted_bg: jax.Array
+  overlap_bg: jax.Array
+
+
+def verify(rng: jax.Array,
+           drafts_bg: jax.Array,
+           draft_logq_bgv: jax.Array,
+           target_logp_bgv: jax.Array,
+           *,
+           lenience: float = 1.0,
+           forced_bg: jax.Array | None = None,
+           greedy: jax.Array | bool = False,
+           target_logits_bgv: jax.Array | None = None) -> Verdict:
+  """Algorithm 1 steps 3-5, vectorised over the batch and γ.
+
+  Args:
+    rng: PRNG key for the uniforms r_i and the final sample.
+    drafts_bg: [B, γ] drafted tokens x_1..x_γ.
+    draft_logq_bgv: [B, γ, V] adjusted log q_i each draft was sampled from.
+    target_logp_bgv: [B, γ+1, V] adjusted log p_1..p_{γ+1} from one target call.
+    lenience: l in (0, 1]; 1 is exact. l < 1 is the paper's approximate
+      variant (Appendix A.5): keep with min(1, p / (l q)), and at argmax keep x
+      iff p(x) >= l * max p, where p is softmax(target_logits_bgv).
+    forced_bg: [B, γ] drafts that are given (teacher-forced prompt tokens):
+      always kept.
+    greedy: whether p and q are argmax one-hots (only used with lenience < 1).
+    target_logits_bgv: raw target logits, needed for lenient argmax.
+
+  Returns:
+    A Verdict.
+  """
+  gamma = drafts_bg.shape[1]
+  if target_logp_bgv.shape[1] != gamma + 1:
+    raise ValueError(f'target_logp_bgv must hold γ+1 = {gamma + 1} positions, '
+                     f'got {target_logp_bgv.shape[1]}.')
+  u_rng, sample_rng = jax.random.split(rng)
+  logp_bgv = target_logp_bgv[:, :gamma]
+  logp_draft_bg = token_log_prob(logp_bgv, drafts_bg)
+  logq_draft_bg = token_log_prob(draft_logq_bgv, drafts_bg)
+  uniform_bg = jax.random.uniform(u_rng, drafts_bg.shape)
+  keep_bg = uniform_bg < acceptance_probability(logp_draft_bg, logq_draft_bg,
+                                                lenience)
+  if lenience < 1.0:
+    if target_logits_bgv is None:
+      raise ValueError('lenience < 1 needs target_logits_bgv for argmax.')
+    raw_logp_bgv = jax.nn.log_softmax(
+        target_logits_bgv[:, :gamma].astype(jnp.float32), axis=-1)
+    lenient_argmax_bg = (token_log_prob(raw_logp_bgv, drafts_bg)
+                         >= jnp.max(raw_logp_bgv, axis=-1) + np.log(lenience))
+    keep_bg = keep_bg | (jnp.asarray(greedy) & lenient_argmax_bg)
+  if forced_bg is not None:
+    keep_bg = keep_bg | forced_bg
+  accepted_bg = jnp.cumprod(keep_bg.astype(jnp.int32), axis=1).astype(bool)
+  num_accepted_b = jnp.sum(accepted_bg, axis=1).astype(jnp.int32)
+
+  # The distribution of the token after the kept drafts.
+  at_n_b11 = num_accepted_b[:, None, None]
+  logp_next_bv = jnp.take_along_axis(target_logp_bgv, at_n_b11, axis=1)[:, 0]
+  logq_next_bv = jnp.take_along_axis(
+      draft_logq_bgv, jnp.minimum(at_n_b11, gamma - 1), axis=1)[:, 0]
+  all_kept_b1 = (num_accepted_b == gamma)[:, None]
+  next_logp_bv = jnp.where(all_kept_b1, logp_next_bv,
+                           residual_log_probs(logp_next_bv, logq_next_bv))
+  next_token_b = sample(sample_rng, next_logp_bv)
+  return Verdict(num_accepted_b, next_token_b, accepted_bg,
+                 overlap(logp_bgv, draft_logq_bgv))

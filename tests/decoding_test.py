@@ -1,0 +1,328 @@
+"""Tests for specdec/decoding.py on toy models with exact distributions.
+
+Whole-network tests (random tiny T5 pairs) are in models_test.py.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specdec import decoding
+from specdec import sampling
+from tests import toy
+
+EOS = 1
+
+
+def _baseline(model, inputs, **kw):
+  fn = functools.partial(decoding.temperature_sample,
+                         tokens_to_logits=model.tokens_to_logits, eos_id=EOS,
+                         **kw)
+  return jax.jit(fn)(inputs, model.init_cache(inputs.shape[0]))
+
+
+def _speculative(target, drafter, inputs, gamma, **kw):
+  batch = inputs.shape[0]
+  fn = functools.partial(
+      decoding.speculative_sample, tokens_to_logits=target.tokens_to_logits,
+      draft_tokens_to_logits=drafter.tokens_to_logits, eos_id=EOS, gamma=gamma,
+      **kw)
+  return jax.jit(fn)(inputs, target.init_cache(batch), draft_cache=drafter.init_cache(batch))
+
+
+def _prompted_inputs(batch, length, seed=0, vocab=9):
+  """Rows with prompts of different lengths (0..3 tokens), no EOS inside."""
+  rng = np.random.RandomState(seed)
+  inputs = np.zeros((batch, length), np.int32)
+  for b in range(batch):
+    n = b % 4
+    inputs[b, 1:1 + n] = rng.randint(2, vocab, size=n)
+  return jnp.asarray(inputs)
+
+
+class TestBaselineSemantics:
+  """temperature_sample follows T5X's documented behaviour."""
+
+  def test_single_and_multi_token_contracts_agree(self):
+    model = toy.ToyModel(0, vocab=9, cache_len=10)
+    inputs = _prompted_inputs(6, 10)
+    a = _baseline(model, inputs, temperature=0.0)
+    fn = functools.partial(decoding.temperature_sample,
+                           tokens_to_logits=model.single_token_fn, eos_id=EOS,
+                           temperature=0.0)
+    b = jax.jit(fn)(inputs, model.init_cache(6))
+    np.testing.assert_array_equal(a[0], b[0])
+
+  def test_greedy_matches_reference_loop(self):
+    model = toy.ToyModel(1, vocab=9, cache_len=12, eos_bias=1.0)
+    inputs = _prompted_inputs(8, 12, seed=1)
+    decodes, log_prob = _baseline(model, inputs, temperature=0.0)
+    for b in range(8):
+      seq = [0]
+      expected = []
+      ended = False
+      for pos in range(1, 13):
+        forced = int(inputs[b, pos]) if pos < 12 else 0
+        if ended:
+          tok = 0
+        elif forced:
+          tok = forced
+        else:
+          tok = int(np.argmax(model.prefix_logits(seq)))
+          ended = tok == EOS
+        seq.append(tok)
+        expected.append(tok)
+      np.testing.assert_array_equal(decodes[b, 0], expected[:12])
+    np.testing.assert_array_equal(log_prob, 0.0)
+
+  def test_max_decode_steps_limits_new_tokens(self):
+    model = toy.ToyModel(2, vocab=9, cache_len=10)
+    inputs = _prompted_inputs(4, 10)
+    decodes, _ = _baseline(model, inputs, temperature=0.0, max_decode_steps=3)
+    prompt_len = np.sum(np.asarray(inputs) != 0, axis=1)
+    for b in range(4):
+      nonzero = np.flatnonzero(np.asarray(decodes[b, 0]))
+      assert nonzero.max() < prompt_len[b] + 3
+
+  def test_num_decodes_shape_and_order(self):
+    model = toy.ToyModel(3, vocab=9, cache_len=8)
+    inputs = _prompted_inputs(3, 8)
+    decodes, log_prob = _baseline(model, inputs, temperature=1.0, topk=0,
+                                  num_decodes=5,
+                                  decode_rng=jax.random.PRNGKey(7))
+    assert decodes.shape == (3, 5, 8) and log_prob.shape == (3, 5)
+    assert np.all(np.diff(np.asarray(log_prob), axis=1) >= 0)
+    # Every decode keeps its row's prompt.
+    for b in range(3):
+      n = b % 4
+      np.testing.assert_array_equal(
+          decodes[b, :, :n], np.broadcast_to(inputs[b, 1:1 + n], (5, n)))
+
+
+class TestGreedyIdentity:
+  """Speculative greedy decoding equals the baseline token for token."""
+
+  @pytest.mark.parametrize('gamma', [1, 2, 3, 5, 8])
+  def test_unrelated_drafter(self, gamma):
+    target = toy.ToyModel(10, vocab=9, cache_len=14, eos_bias=0.5)
+    drafter = toy.ToyModel(11, vocab=9, cache_len=14)
+    inputs = _prompted_inputs(8, 14, seed=gamma)
+    base, base_lp = _baseline(target, inputs, temperature=0.0)
+    spec, spec_lp, stats = _speculative(target, drafter, inputs, gamma,
+                                        temperature=0.0, return_stats=True)
+    np.testing.assert_array_equal(spec, base)
+    np.testing.assert_array_equal(spec_lp, base_lp)
+    assert np.all(np.asarray(stats['target_calls']) >= 1)
+
+  @pytest.mark.parametrize('gamma', [1, 4, 7])
+  def test_drafter_equals_target_accepts_everything(self, gamma):
+    target = toy.ToyModel(12, vocab=9, cache_len=16)
+    inputs = jnp.zeros((4, 16), jnp.int32)
+    base, _ = _baseline(target, inputs, temperature=0.0)
+    spec, _, stats = _speculative(target, target, inputs, gamma,
+                                  temperature=0.0, return_stats=True)
+    np.testing.assert_array_equal(spec, base)
+    s = jax.tree_util.tree_map(np.asarray, stats)
+    np.testing.assert_array_equal(s['accepted'], s['judged'])
+    np.testing.assert_array_equal(s['accepted'], s['drafted'])
+    # Rows that did not stop early take ceil(L / (γ+1)) target calls.
+    no_eos = ~np.any(np.asarray(base) == EOS, axis=-1)
+    np.testing.assert_array_equal(s['target_calls'][no_eos],
+                                  -(-16 // (gamma + 1)))
+
+  def test_rows_end_at_different_times(self):
+    target = toy.ToyModel(13, vocab=9, cache_len=12, eos_bias=1.5)
+    drafter = toy.ToyModel(14, vocab=9, cache_len=12, eos_bias=1.0)
+    inputs = _prompted_inputs(16, 12, seed=3)
+    steps = jnp.asarray(np.arange(16) % 7 + 1)
+    for kw in (dict(), dict(max_decode_steps=4), dict(max_decode_steps=steps)):
+      base, _ = _baseline(target, inputs, temperature=0.0, **kw)
+      spec, _ = _speculative(target, drafter, inputs, 3, temperature=0.0, **kw)
+      np.testing.assert_array_equal(spec, base)
+    lengths = np.sum(np.asarray(base) != 0, axis=-1)
+    assert len(set(lengths.ravel().tolist())) > 2  # Really different ends.
+
+  def test_prompt_longer_than_gamma(self):
+    target = toy.ToyModel(15, vocab=9, cache_len=12)
+    drafter = toy.ToyModel(16, vocab=9, cache_len=12)
+    inputs = np.zeros((3, 12), np.int32)
+    inputs[0, 1:8] = [3, 4, 5, 6, 7, 8, 2]
+    inputs[1, 1:3] = [5, 5]
+    base, _ = _baseline(target, jnp.asarray(inputs), temperature=0.0)
+    spec, _, stats = _speculative(target, drafter, jnp.asarray(inputs), 2,
+                                  temperature=0.0, return_stats=True)
+    np.testing.assert_array_equal(spec, base)
+    np.testing.assert_array_equal(spec[0, 0, :7], inputs[0, 1:8])
+    # Forced tokens are neither drafted nor counted.
+    s = jax.tree_util.tree_map(np.asarray, stats)
+    assert s['emitted'][0, 0] == np.sum(np.asarray(spec[0, 0]) != 0) - 7
+
+  def test_num_decodes(self):
+    target = toy.ToyModel(17, vocab=9, cache_len=10)
+    drafter = toy.ToyModel(18, vocab=9, cache_len=10)
+    inputs = _prompted_inputs(2, 10)
+    base, _ = _baseline(target, inputs, temperature=0.0, num_decodes=3)
+    spec, lp = _speculative(target, drafter, inputs, 3, temperature=0.0,
+                            num_decodes=3)
+    assert spec.shape == (2, 3, 10) and lp.shape == (2, 3)
+    np.testing.assert_array_equal(spec, base)
+
+  def test_topk1_is_greedy(self):
+    # T5X's default topk=1 with temperature 1 is argmax as well.
+    target = toy.ToyModel(19, vocab=9, cache_len=10)
+    drafter = toy.ToyModel(20, vocab=9, cache_len=10)
+    inputs = _prompted_inputs(4, 10)
+    base, _ = _baseline(target, inputs, temperature=0.0)
+    spec, _ = _speculative(target, drafter, inputs, 4, temperature=1.0, topk=1,
+                           decode_rng=jax.random.PRNGKey(3))
+    np.testing.assert_array_equal(spec, base)
+
+
+class TestStatistics:
+
+  def test_invariants(self):
+    target = toy.ToyModel(21, vocab=9, cache_len=16, eos_bias=-1.0)
+    drafter = toy.ToyModel(22, vocab=9, cache_len=16, eos_bias=-1.0)
+    drafter.table = 0.6 * target.table + 0.4 * drafter.table
+    inputs = jnp.zeros((32, 16), jnp.int32)
+    gamma = 4
+    decodes, _, stats = _speculative(target, drafter, inputs, gamma,
+                                     temperature=1.0, topk=0,
+                                     return_stats=True,
+                                     decode_rng=jax.random.PRNGKey(1))
+    s = jax.tree_util.tree_map(np.asarray, stats)
+    assert np.all(s['accepted'] <= s['judged'])
+    assert np.all(s['judged'] <= s['drafted'])
+    assert np.all(s['drafted'] <= gamma * s['target_calls'])
+    np.testing.assert_array_equal(s['accepted_at'].sum(-1), s['accepted'])
+    # Acceptance per position is non-increasing (leading counts).
+    assert np.all(np.diff(s['accepted_at'], axis=-1) <= 0)
+    np.testing.assert_array_equal(s['overlap_count'], s['judged'])
+    assert np.all(s['overlap_sum'] <= s['overlap_count'] + 1e-4)
+    # Every emitted token is a kept draft or the one extra token per call.
+    # (Toy models may sample token 0, so lengths come from the EOS position.)
+    d = np.asarray(decodes)
+    lengths = np.where(np.any(d == EOS, -1), np.argmax(d == EOS, -1) + 1,
+                       d.shape[-1])
+    np.testing.assert_array_equal(s['emitted'], lengths)
+    assert np.all(s['emitted'] <= s['accepted'] + s['target_calls'])
+    assert np.all(s['emitted'] >= s['target_calls'])
+    alpha_emp = s['accepted'].sum() / s['judged'].sum()
+    alpha_overlap = s['overlap_sum'].sum() / s['overlap_count'].sum()
+    assert 0.2 < alpha_emp < 0.95
+    assert abs(alpha_emp - alpha_overlap) < 0.1
+
+
+def _sample_many(fn, target, rows, length, **kw):
+  inputs = jnp.zeros((rows, length), jnp.int32)
+  return np.asarray(fn(inputs, **kw)[0][:, 0])
+
+
+class TestSequenceDistribution:
+  """Whole decodes: the empirical law of sequences equals the target's."""
+
+  LENGTH, VOCAB, ROWS = 4, 5, 20_000
+
+  def _models(self):
+    target = toy.ToyModel(30, vocab=self.VOCAB, cache_len=self.LENGTH,
+                          scale=1.5, eos_bias=0.5)
+    drafter = toy.ToyModel(31, vocab=self.VOCAB, cache_len=self.LENGTH,
+                           scale=1.5)
+    return target, drafter
+
+  @pytest.mark.parametrize('gamma, temperature, topk, topp', [
+      (1, 1.0, 0, 0.0), (3, 1.0, 0, 0.0), (2, 0.7, 3, 0.0), (4, 1.3, 0, 0.8),
+  ])
+  def test_speculative_matches_target(self, gamma, temperature, topk, topp):
+    target, drafter = self._models()
+    exact = toy.exact_distribution(target, self.LENGTH, EOS, temperature, topk,
+                                   topp)
+    samples = _sample_many(
+        lambda x, **kw: _speculative(target, drafter, x, gamma, **kw), target,
+        self.ROWS, self.LENGTH, temperature=temperature, topk=topk, topp=topp,
+        decode_rng=jax.random.PRNGKey(gamma))
+    assert toy.chi_square_pvalue(samples, exact) > 1e-3
+
+  def test_baseline_matches_target(self):
+    target, _ = self._models()
+    exact = toy.exact_distribution(target, self.LENGTH, EOS)
+    samples = _sample_many(lambda x, **kw: _baseline(target, x, **kw), target,
+                           self.ROWS, self.LENGTH, temperature=1.0, topk=0,
+                           decode_rng=jax.random.PRNGKey(5))
+    assert toy.chi_square_pvalue(samples, exact) > 1e-3
+
+  def test_wrong_acceptance_rule_fails(self, monkeypatch):
+    # The test has power: accepting with min(1, q/p) instead of min(1, p/q)
+    # must be caught at this sample size.
+    target, drafter = self._models()
+    exact = toy.exact_distribution(target, self.LENGTH, EOS)
+    right = sampling.acceptance_probability
+    monkeypatch.setattr(sampling, 'acceptance_probability',
+                        lambda lp, lq, l=1.0: right(lq, lp, l))
+    samples = _sample_many(
+        lambda x, **kw: _speculative(target, drafter, x, 3, **kw), target,
+        self.ROWS, self.LENGTH, temperature=1.0, topk=0,
+        decode_rng=jax.random.PRNGKey(3))
+    assert toy.chi_square_pvalue(samples, exact) < 1e-6
+
+  def test_lenience_changes_the_distribution(self):
+    # l < 1 is documented as approximate: it must not pass as exact.
+    target, drafter = self._models()
+    exact = toy.exact_distribution(target, self.LENGTH, EOS)
+    samples = _sample_many(
+        lambda x, **kw: _speculative(target, drafter, x, 3, **kw), target,
+        self.ROWS, self.LENGTH, temperature=1.0, topk=0, lenience=0.3,
+        decode_rng=jax.random.PRNGKey(4))
+    assert toy.chi_square_pvalue(samples, exact) < 1e-6
+
+
+class TestBadInputs:
+
+  def _call(self, target=None, drafter=None, inputs=None, **kw):
+    target = target or toy.ToyModel(40, vocab=9, cache_len=8)
+    drafter = drafter or toy.ToyModel(41, vocab=9, cache_len=8)
+    inputs = jnp.zeros((2, 8), jnp.int32) if inputs is None else inputs
+    kw.setdefault('gamma', 3)
+    return decoding.speculative_sample(
+        inputs, target.init_cache(2), target.tokens_to_logits,
+        drafter.init_cache(2), drafter.tokens_to_logits, eos_id=EOS, **kw)
+
+  @pytest.mark.parametrize('kwargs, name', [
+      (dict(gamma=0), 'gamma'), (dict(gamma=-2), 'gamma'),
+      (dict(gamma=2.5), 'gamma'), (dict(gamma=True), 'gamma'),
+      (dict(temperature=-1.0), 'temperature'),
+      (dict(topk=5, topp=0.9), 'topk'),
+      (dict(topp=2.0), 'topp'),
+      (dict(lenience=0.0), 'lenience'), (dict(lenience=2.0), 'lenience'),
+      (dict(max_decode_steps=9), 'max_decode_steps'),
+      (dict(num_decodes=0), 'num_decodes'),
+  ])
+  def test_bad_arguments(self, kwargs, name):
+    with pytest.raises(ValueError, match=name):
+      self._call(**kwargs)
+
+  def test_vocab_mismatch(self):
+    with pytest.raises(ValueError, match='Vocabulary mismatch'):
+      self._call(drafter=toy.ToyModel(42, vocab=11, cache_len=8))
+
+  def test_single_token_drafter_is_rejected(self):
+    drafter = toy.ToyModel(43, vocab=9, cache_len=8)
+    drafter.tokens_to_logits = drafter.single_token_fn
+    with pytest.raises(ValueError, match='draft_tokens_to_logits'):
+      self._call(drafter=drafter)
+
+  def test_bad_inputs_shape_and_dtype(self):
+    with pytest.raises(ValueError, match='inputs'):
+      self._call(inputs=jnp.zeros((8,), jnp.int32))
+    with pytest.raises(ValueError, match='inputs'):
+      self._call(inputs=jnp.zeros((2, 8), jnp.float32))
+
+  def test_baseline_validates_too(self):
+    model = toy.ToyModel(44, vocab=9, cache_len=8)
+    with pytest.raises(ValueError, match='topk'):
+      decoding.temperature_sample(jnp.zeros((2, 8), jnp.int32),
+                                  model.init_cache(2), model.tokens_to_logits,
+                                  EOS, topk=3, topp=0.5)

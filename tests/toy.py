@@ -1,0 +1,114 @@
+"""A toy autoregressive model with an exact, enumerable sequence distribution.
+
+The logits for the token after position t depend on the whole prefix through a
+hash of the tokens the model has *in its cache* at positions 0..t. So a decode
+loop that leaves a stale cache entry behind, feeds a token at the wrong
+position or skips one gets a different distribution, which the statistical
+tests see. The model follows the multi-token contract of `specdec.decoding`.
+"""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec import decoding
+from specdec import sampling
+
+NUM_BUCKETS = 97
+
+
+class ToyModel:
+  """logits(prefix) = table[hash(prefix)], hash = Σ_s tokens[s] * w[s] mod 97."""
+
+  def __init__(self, seed: int, vocab: int, cache_len: int, scale: float = 2.0,
+               eos_bias: float = 0.0):
+    rng = np.random.RandomState(seed)
+    self.vocab = vocab
+    self.cache_len = cache_len
+    self.table = rng.normal(size=(NUM_BUCKETS, vocab)).astype(np.float32) * scale
+    self.table[:, 1] += eos_bias
+    # Position weights; weight 0 of position 0 keeps BOS out of the hash.
+    self.weights = rng.randint(1, NUM_BUCKETS, size=(cache_len,)).astype(np.int32)
+
+  def init_cache(self, batch: int):
+    return {'tokens': jnp.zeros((batch, self.cache_len), jnp.int32),
+            'calls': jnp.zeros((batch,), jnp.int32)}
+
+  def tokens_to_logits(self, state: decoding.DecodingState):
+    cur_index_b, cur_token_bk = state.cur_index, state.cur_token
+    rows, k = cur_token_bk.shape
+    pos_bk = cur_index_b[:, None] + jnp.arange(k)
+    tokens_bl = state.cache['tokens'].at[jnp.arange(rows)[:, None], pos_bk].set(
+        cur_token_bk, mode='drop')
+    hash_bl = jnp.cumsum(tokens_bl * jnp.asarray(self.weights), axis=1) % NUM_BUCKETS
+    hash_bk = jnp.take_along_axis(hash_bl, jnp.minimum(pos_bk, self.cache_len - 1),
+                                  axis=1)
+    logits_bkv = jnp.asarray(self.table)[hash_bk]
+    new_cache = {'tokens': tokens_bl, 'calls': state.cache['calls'] + 1}
+    return logits_bkv, new_cache
+
+  def single_token_fn(self, state):
+    """T5X's single-token shape: logits [B, V]."""
+    logits, cache = self.tokens_to_logits(state)
+    return logits[:, 0], cache
+
+  def prefix_logits(self, prefix):
+    """Logits after the token sequence `prefix` (prefix[0] = BOS)."""
+    h = int(np.sum(np.asarray(prefix) * self.weights[:len(prefix)]) % NUM_BUCKETS)
+    return self.table[h]
+
+
+def exact_distribution(model: ToyModel, length: int, eos_id: int = 1,
+                       temperature=1.0, topk=0, topp=0.0):
+  """{output tuple of `length` tokens: probability} of sampling from `model`."""
+  dist = {}
+
+  def recurse(prefix, prob):
+    if len(prefix) == length + 1 or (len(prefix) > 1 and prefix[-1] == eos_id):
+      out = tuple(prefix[1:]) + (0,) * (length + 1 - len(prefix))
+      dist[out] = dist.get(out, 0.0) + prob
+      return
+    logp = np.asarray(sampling.adjusted_log_probs(
+        jnp.asarray(model.prefix_logits(prefix)), temperature, topk, topp))
+    for tok in range(model.vocab):
+      if logp[tok] > -np.inf:
+        recurse(prefix + [tok], prob * float(np.exp(logp[tok])))
+
+  recurse([0], 1.0)
+  return dist
+
+
+def chi_square_pvalue(samples, dist, min_expected=5.0):
+  """Pearson chi-square p-value of `samples` (rows of tokens) against `dist`.
+
+  Outcomes with small expected counts are pooled into one cell, so the
+  asymptotic distribution holds.
+  """
+  from scipy import stats  # pylint: disable=g-import-not-at-top
+  n = len(samples)
+  counts = {}
+  for row in map(tuple, np.asarray(samples)):
+    counts[row] = counts.get(row, 0) + 1
+  unknown = sum(c for k, c in counts.items() if k not in dist)
+  if unknown:
+    return 0.0  # A sequence with zero probability was sampled.
+  total = sum(dist.values())  # 1 up to float32 rounding.
+  observed, expected, pooled_obs, pooled_exp = [], [], 0, 0.0
+  for outcome, prob in dist.items():
+    prob /= total
+    if prob * n >= min_expected:
+      observed.append(counts.get(outcome, 0))
+      expected.append(prob * n)
+    else:
+      pooled_obs += counts.get(outcome, 0)
+      pooled_exp += prob * n
+  if pooled_exp > 0:
+    observed.append(pooled_obs)
+    expected.append(pooled_exp)
+  return float(stats.chisquare(observed, expected).pvalue)
+
+
+def all_sequences(vocab, length):
+  return itertools.product(range(vocab), repeat=length)
