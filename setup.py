@@ -1,0 +1,34 @@
+"""specdec: exact speculative decoding for T5X-style encoder-decoder models in JAX/Flax."""
+
+import setuptools
+
+setuptools.setup(
+    name='specdec',
+    version='0.1.0',
+    description=('Speculative decoding (Leviathan, Kalman, Matias, ICML 2023) '
+                 'for T5 1.1 / T5X encoder-decoder models in JAX and Flax.'),
+    long_description=open('README.md', encoding='utf-8').read(),
+    long_description_content_type='text/markdown',
+    python_requires='>=3.11',
+    packages=setuptools.find_packages(include=['specdec', 'specdec.*']),
+    package_data={'specdec': ['assets/*.model', 'assets/*.vocab', 'assets/*.md']},
+    install_requires=[
+        'jax>=0.4.30',
+        'flax>=0.10',
+        'optax',
+        'gin-config',
+        'seqio',
+        'sentencepiece',
+        'sacrebleu',
+        'rouge-score',
+        'numpy',
+    ],
+    extras_require={
+        'test': ['pytest', 'pytest-xdist', 'scipy'],
+    },
+    entry_points={
+        'console_scripts': [
+            'specdec-demo=specdec.demo:main',
+        ],
+    },
+)

@@ -1,0 +1,260 @@
+"""A target and a drafter network wired to a decode function, T5X-style.
+
+`SpeculativeEncoderDecoderModel` has the shape of T5X's `EncoderDecoderModel`:
+`predict_batch_with_aux(params, batch, rng, decoder_params, ...)` over seqio
+`EncDecFeatureConverter` batches, with `params = {'target': ..., 'drafter': ...}`.
+Each input is encoded once per model, both decoding caches are built (the
+cross-attention projections computed once), and the gin-configurable
+`decode_fn` is called: `decoding.speculative_sample` (target + drafter) or
+`decoding.temperature_sample` (the baseline, target alone).
+"""
+
+import functools
+import inspect
+from typing import Any, Callable, Mapping, Optional, Tuple
+
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec import decoding
+from specdec import network
+
+PyTree = Any
+Batch = Mapping[str, jax.Array]
+
+TARGET, DRAFTER = 'target', 'drafter'
+
+
+def _uses_drafter(decode_fn: Callable[..., Any]) -> bool:
+  return 'draft_tokens_to_logits' in inspect.signature(decode_fn).parameters
+
+
+def _vocab_size(module) -> int:
+  return module.config.vocab_size
+
+
+@gin.configurable(module='models')
+class SpeculativeEncoderDecoderModel:
+  """A target network, a drafter network and a decode function.
+
+  Attributes:
+    module: the target (a `network.Transformer` or anything with its
+      `encode` / `init_cache` / `decode_step` / `__call__` methods).
+    drafter_module: the drafter, same interface and vocabulary size.
+    input_vocabulary, output_vocabulary: seqio vocabularies (may be None for
+      token-level use); `output_vocabulary.eos_id` ends decodes (default 1).
+    decode_fn: `decoding.speculative_sample` or `decoding.temperature_sample`
+      (or a partial / gin configurable of either).
+    max_input_length, max_decode_length: optional limits; longer batches are
+      rejected with a ValueError before any compute.
+  """
+
+  def __init__(self,
+               module: network.Transformer,
+               drafter_module: Optional[network.Transformer],
+               input_vocabulary=None,
+               output_vocabulary=None,
+               decode_fn: Callable[..., Any] = decoding.speculative_sample,
+               max_input_length: Optional[int] = None,
+               max_decode_length: Optional[int] = None):
+    self.module = module
+    self.drafter_module = drafter_module
+    self.input_vocabulary = input_vocabulary
+    self.output_vocabulary = output_vocabulary
+    self.decode_fn = decode_fn
+    self.max_input_length = max_input_length
+    self.max_decode_length = max_decode_length
+    if _uses_drafter(decode_fn) and drafter_module is None:
+      raise ValueError('decode_fn is speculative but drafter_module is None.')
+    if drafter_module is not None and _vocab_size(module) != _vocab_size(drafter_module):
+      raise ValueError(
+          f'Vocabulary mismatch: the target has vocab_size={_vocab_size(module)}, '
+          f'the drafter vocab_size={_vocab_size(drafter_module)}; speculative '
+          'decoding needs one shared vocabulary.')
+    for name, vocab in (('input_vocabulary', input_vocabulary),
+                        ('output_vocabulary', output_vocabulary)):
+      if vocab is not None and vocab.vocab_size > _vocab_size(module):
+        raise ValueError(f'{name} has {vocab.vocab_size} ids but the network '
+                         f'only {_vocab_size(module)} embeddings.')
+    self._compiled = {}
+
+  @property
+  def eos_id(self) -> int:
+    vocab = self.output_vocabulary
+    return 1 if vocab is None or vocab.eos_id is None else int(vocab.eos_id)
+
+  # -------------------------------------------------------------------------
+  # Parameters.
+  # -------------------------------------------------------------------------
+
+  def get_initial_params(self, rng: jax.Array, input_len: int = 8,
+                         target_len: int = 8) -> dict:
+    """Fresh params {'target': ..., 'drafter': ...} (float32)."""
+    target_rng, drafter_rng = jax.random.split(rng)
+    params = {TARGET: network.init_params(self.module.config, target_rng,
+                                          input_len=input_len,
+                                          target_len=target_len)}
+    if self.drafter_module is not None:
+      params[DRAFTER] = network.init_params(self.drafter_module.config,
+                                            drafter_rng, input_len=input_len,
+                                            target_len=target_len)
+    return params
+
+  # -------------------------------------------------------------------------
+  # Checks (before any expensive work).
+  # -------------------------------------------------------------------------
+
+  def validate_batch(self, batch: Batch) -> None:
+    """Raises ValueError naming the feature when a batch cannot be decoded."""
+    for key in ('encoder_input_tokens', 'decoder_input_tokens'):
+      if key not in batch:
+        raise ValueError(f'batch is missing the feature {key!r} '
+                         f'(has {sorted(batch)}).')
+      if batch[key].ndim != 2:
+        raise ValueError(f'{key} must be [batch, length], got {batch[key].shape}.')
+    enc, dec = batch['encoder_input_tokens'], batch['decoder_input_tokens']
+    if enc.shape[0] != dec.shape[0]:
+      raise ValueError(f'encoder_input_tokens has {enc.shape[0]} rows but '
+                       f'decoder_input_tokens {dec.shape[0]}.')
+    if self.max_input_length and enc.shape[1] > self.max_input_length:
+      raise ValueError(f'encoder_input_tokens has length {enc.shape[1]}, longer '
+                       f'than the configured max_input_length={self.max_input_length}.')
+    if self.max_decode_length and dec.shape[1] > self.max_decode_length:
+      raise ValueError(f'decoder_input_tokens has length {dec.shape[1]}, longer '
+                       f'than the configured max_decode_length={self.max_decode_length}.')
+    for key in ('encoder_input_tokens', 'decoder_input_tokens'):
+      x = batch[key]
+      if not isinstance(x, jax.core.Tracer):
+        x = np.asarray(x)
+        if x.size and (x.min() < 0 or x.max() >= _vocab_size(self.module)):
+          raise ValueError(f'{key} holds ids outside [0, {_vocab_size(self.module)}).')
+
+  # -------------------------------------------------------------------------
+  # Decoding.
+  # -------------------------------------------------------------------------
+
+  def _decoder_fns(self, module, params, encoder_input_tokens, max_decode_length):
+    """Encodes once and returns (cache, tokens_to_logits) for one network."""
+    encoded = module.apply({'params': params}, encoder_input_tokens,
+                           enable_dropout=False, method=module.encode)
+    _, variables = module.apply({'params': params}, encoded,
+                                encoder_input_tokens, max_decode_length,
+                                method=module.init_cache, mutable=['cache'])
+
+    def tokens_to_logits(state: decoding.DecodingState):
+      logits, new_vars = module.apply(
+          {'params': params, 'cache': state.cache}, state.cur_token,
+          state.cur_index, method=module.decode_step, mutable=['cache'])
+      return logits, new_vars['cache']
+
+    return variables['cache'], tokens_to_logits
+
+  def predict_batch_with_aux(
+      self,
+      params: PyTree,
+      batch: Batch,
+      rng: Optional[jax.Array] = None,
+      decoder_params: Optional[Mapping[str, Any]] = None,
+      return_all_decodes: bool = False,
+      num_decodes: int = 1,
+      prompt_with_targets: bool = False,
+  ) -> Tuple[jax.Array, Mapping[str, Any]]:
+    """Decodes a batch: (decodes, aux) as T5X.
+
+    Args:
+      params: {'target': ..., 'drafter': ...} ('drafter' unused by the
+        baseline decode function).
+      batch: seqio EncDecFeatureConverter features; `encoder_input_tokens`
+        and `decoder_input_tokens` are used.
+      rng: decode PRNG key.
+      decoder_params: extra keyword arguments for `decode_fn` (temperature,
+        topk, topp, gamma, max_decode_steps, lenience, return_stats, ...).
+      return_all_decodes: return [B, num_decodes, L] instead of the best.
+      num_decodes: samples per input.
+      prompt_with_targets: teacher-force the non-zero decoder_input_tokens.
+
+    Returns:
+      decodes [B, L] (or [B, nd, L]) and aux {'scores': log-probs, and with
+      `return_stats` the speculative statistics}.
+    """
+    self.validate_batch(batch)
+    decoder_params = dict(decoder_params or {})
+    encoder_input_tokens = batch['encoder_input_tokens']
+    decoder_input_tokens = batch['decoder_input_tokens']
+    max_decode_length = decoder_input_tokens.shape[1]
+    inputs = (decoder_input_tokens if prompt_with_targets
+              else jnp.zeros_like(decoder_input_tokens))
+
+    cache, tokens_to_logits = self._decoder_fns(
+        self.module, params[TARGET], encoder_input_tokens, max_decode_length)
+    kwargs = dict(inputs=inputs, cache=cache, tokens_to_logits=tokens_to_logits,
+                  eos_id=self.eos_id, decode_rng=rng, num_decodes=num_decodes,
+                  cache_offset=0)
+    if _uses_drafter(self.decode_fn):
+      draft_cache, draft_tokens_to_logits = self._decoder_fns(
+          self.drafter_module, params[DRAFTER], encoder_input_tokens,
+          max_decode_length)
+      kwargs.update(draft_cache=draft_cache,
+                    draft_tokens_to_logits=draft_tokens_to_logits)
+    else:
+      decoder_params.pop('return_stats', None)
+    outputs = self.decode_fn(**kwargs, **decoder_params)
+    decodes, scores = outputs[0], outputs[1]
+    aux = {'scores': scores}
+    if len(outputs) > 2:
+      aux['stats'] = outputs[2]
+    if not return_all_decodes:
+      decodes = decodes[:, -1]
+      aux = jax.tree_util.tree_map(lambda x: x[:, -1], aux)
+    return decodes, aux
+
+  def compile_predict(self, decoder_params: Optional[Mapping[str, Any]] = None,
+                      num_decodes: int = 1, return_all_decodes: bool = False,
+                      prompt_with_targets: bool = False):
+    """A jit-compiled `(params, batch, rng) -> (decodes, aux)`, cached per setting.
+
+    Batches are validated eagerly (shapes, lengths, ids) before the jitted
+    call, so a bad batch fails before any compile or compute.
+    """
+    key = (tuple(sorted((decoder_params or {}).items())), num_decodes,
+           return_all_decodes, prompt_with_targets)
+    if key not in self._compiled:
+      jitted = jax.jit(functools.partial(
+          self.predict_batch_with_aux, decoder_params=decoder_params,
+          num_decodes=num_decodes, return_all_decodes=return_all_decodes,
+          prompt_with_targets=prompt_with_targets))
+
+      def predict(params, batch, rng=None):
+        self.validate_batch(batch)
+        batch = {k: batch[k] for k in ('encoder_input_tokens', 'decoder_input_tokens')}
+        return jitted(params, batch, rng)
+
+      self._compiled[key] = predict
+    return self._compiled[key]
+
+  # -------------------------------------------------------------------------
+  # Scoring.
+  # -------------------------------------------------------------------------
+
+  def score_batch(self, params: PyTree, batch: Batch,
+                  which: str = TARGET) -> jax.Array:
+    """Sum of target-token log-likelihoods under teacher forcing, [B].
+
+    Tokens are weighted by `decoder_loss_weights` when present, else by
+    `decoder_target_tokens > 0`. `which` selects 'target' or 'drafter'.
+    """
+    module = self.module if which == TARGET else self.drafter_module
+    targets = batch['decoder_target_tokens']
+    logits = module.apply(
+        {'params': params[which]}, batch['encoder_input_tokens'],
+        batch['decoder_input_tokens'], targets,
+        batch.get('encoder_segment_ids'), batch.get('decoder_segment_ids'),
+        enable_dropout=False)
+    log_probs = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1),
+                                    targets[..., None], axis=-1)[..., 0]
+    weights = batch.get('decoder_loss_weights')
+    if weights is None:
+      weights = targets > 0
+    return jnp.sum(log_probs * weights, axis=-1)

@@ -1,0 +1,205 @@
+"""Tests for specdec/models.py: whole decodes with random tiny T5 pairs."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import seqio
+
+from specdec import decoding
+from specdec import models
+from specdec import network
+
+VOCAB = 48
+EOS = 1
+TARGET_CFG = network.t5_1_1_config('tiny', vocab_size=VOCAB)
+DRAFTER_CFG = network.t5_1_1_config('tiny', vocab_size=VOCAB, emb_dim=16,
+                                    num_heads=2, num_encoder_layers=1,
+                                    num_decoder_layers=1, mlp_dim=32)
+
+
+def _params(seed=0):
+  target_rng, drafter_rng = jax.random.split(jax.random.PRNGKey(seed))
+  target = network.init_params(TARGET_CFG, target_rng)
+  # A mild EOS bias so that rows end at different steps.
+  kernel = target['decoder']['logits_dense']['kernel']
+  target['decoder']['logits_dense']['kernel'] = kernel.at[:, EOS].add(
+      0.15 * jnp.sign(kernel[:, EOS]))
+  return {'target': target,
+          'drafter': network.init_params(DRAFTER_CFG, drafter_rng)}
+
+
+def _batch(batch=6, input_len=9, target_len=12, seed=1, prompts=False):
+  rng = np.random.RandomState(seed)
+  enc = rng.randint(2, VOCAB, size=(batch, input_len))
+  for b in range(batch):
+    enc[b, input_len - (b % 4):] = 0  # Different input lengths.
+  dec = np.zeros((batch, target_len), np.int32)
+  if prompts:
+    for b in range(batch):
+      dec[b, 1:1 + b % 3] = rng.randint(2, VOCAB, size=b % 3)
+  return {'encoder_input_tokens': jnp.asarray(enc, jnp.int32),
+          'decoder_input_tokens': jnp.asarray(dec)}
+
+
+@pytest.fixture(scope='module')
+def spec_model():
+  return models.SpeculativeEncoderDecoderModel(
+      network.Transformer(TARGET_CFG), network.Transformer(DRAFTER_CFG))
+
+
+@pytest.fixture(scope='module')
+def self_model():
+  """Drafter = target network (same params passed for both)."""
+  return models.SpeculativeEncoderDecoderModel(
+      network.Transformer(TARGET_CFG), network.Transformer(TARGET_CFG))
+
+
+@pytest.fixture(scope='module')
+def base_model():
+  return models.SpeculativeEncoderDecoderModel(
+      network.Transformer(TARGET_CFG), None,
+      decode_fn=decoding.temperature_sample)
+
+
+@pytest.fixture(scope='module')
+def params():
+  return _params()
+
+
+class TestGreedyIdentity:
+
+  @pytest.mark.parametrize('gamma', [1, 2, 4, 8])
+  def test_unrelated_drafter(self, spec_model, base_model, params, gamma):
+    batch = _batch(seed=gamma)
+    base, base_aux = base_model.compile_predict({'temperature': 0.0})(params, batch)
+    spec, aux = spec_model.compile_predict(
+        {'temperature': 0.0, 'gamma': gamma, 'return_stats': True})(params, batch)
+    np.testing.assert_array_equal(spec, base)
+    np.testing.assert_array_equal(aux['scores'], base_aux['scores'])
+    lengths = np.sum(np.asarray(base) != 0, axis=-1)
+    assert len(set(lengths.tolist())) > 1, 'rows should end at different times'
+
+  @pytest.mark.parametrize('gamma', [3, 7])
+  def test_drafter_equals_target(self, self_model, base_model, params, gamma):
+    same = {'target': params['target'], 'drafter': params['target']}
+    batch = _batch(seed=10 + gamma)
+    base, _ = base_model.compile_predict({'temperature': 0.0})(same, batch)
+    spec, aux = self_model.compile_predict(
+        {'temperature': 0.0, 'gamma': gamma, 'return_stats': True})(same, batch)
+    np.testing.assert_array_equal(spec, base)
+    stats = jax.tree_util.tree_map(np.asarray, aux['stats'])
+    np.testing.assert_array_equal(stats['accepted'], stats['judged'])
+    # Tokens per target call is γ+1 except for the last, partial call.
+    emitted, calls = stats['emitted'], stats['target_calls']
+    np.testing.assert_array_equal(calls, -(-emitted // (gamma + 1)))
+
+  def test_prompts_and_step_limits(self, spec_model, base_model, params):
+    batch = _batch(seed=3, prompts=True)
+    for decoder_params in ({'temperature': 0.0},
+                           {'temperature': 0.0, 'max_decode_steps': 5}):
+      base, _ = base_model.compile_predict(
+          decoder_params, prompt_with_targets=True)(params, batch)
+      spec, _ = spec_model.compile_predict(
+          dict(decoder_params, gamma=3),
+          prompt_with_targets=True)(params, batch)
+      np.testing.assert_array_equal(spec, base)
+    # The prompts are kept at the start of each decode.
+    dec = np.asarray(batch['decoder_input_tokens'])
+    for b in range(dec.shape[0]):
+      n = b % 3
+      np.testing.assert_array_equal(np.asarray(spec)[b, :n], dec[b, 1:1 + n])
+
+  def test_num_decodes_all_identical_at_argmax(self, spec_model, params):
+    batch = _batch(batch=2)
+    decodes, aux = spec_model.compile_predict(
+        {'temperature': 0.0, 'gamma': 2}, num_decodes=3,
+        return_all_decodes=True)(params, batch)
+    assert decodes.shape == (2, 3, 12) and aux['scores'].shape == (2, 3)
+    np.testing.assert_array_equal(decodes[:, 0], decodes[:, 2])
+
+
+class TestScores:
+
+  def test_sampled_log_probs_equal_teacher_forced_scores(
+      self, spec_model, base_model, params):
+    # The log-probability the decode loops accumulate (from cached multi-token
+    # calls) equals the network's teacher-forced log-likelihood of the output.
+    batch = _batch(seed=4)
+    dp = {'temperature': 1.0, 'topk': 0}
+    for model, extra in ((base_model, {}), (spec_model, {'gamma': 3})):
+      decodes, aux = model.compile_predict(dict(dp, **extra))(
+          params, batch, jax.random.PRNGKey(2))
+      targets = np.asarray(decodes)
+      eos_pos = np.where(np.any(targets == EOS, -1),
+                         np.argmax(targets == EOS, -1), targets.shape[1] - 1)
+      valid = np.arange(targets.shape[1])[None] <= eos_pos[:, None]
+      # A sampled 0 is a real token here; T5's masks read 0 as padding, so the
+      # mask tokens are 1 on every generated position instead.
+      logits = model.module.apply(
+          {'params': params['target']}, batch['encoder_input_tokens'],
+          jnp.asarray(np.pad(targets, ((0, 0), (1, 0)))[:, :-1]),
+          jnp.asarray(valid, jnp.int32), enable_dropout=False)
+      token_logp = np.take_along_axis(
+          np.asarray(jax.nn.log_softmax(logits)), targets[..., None], -1)[..., 0]
+      np.testing.assert_allclose(np.sum(token_logp * valid, -1), aux['scores'],
+                                 rtol=1e-4, atol=1e-4)
+
+  def test_score_batch(self, base_model, params):
+    batch = _batch(seed=5)
+    targets = jnp.asarray(np.random.RandomState(0).randint(2, VOCAB, (6, 12)))
+    targets = targets.at[:, 9:].set(0)
+    batch['decoder_target_tokens'] = targets
+    batch['decoder_input_tokens'] = jnp.pad(targets, ((0, 0), (1, 0)))[:, :-1]
+    logits = base_model.module.apply(
+        {'params': params['target']}, batch['encoder_input_tokens'],
+        batch['decoder_input_tokens'], targets, enable_dropout=False)
+    expected = jnp.sum(jnp.take_along_axis(
+        jax.nn.log_softmax(logits), targets[..., None], -1)[..., 0]
+                       * (targets > 0), -1)
+    np.testing.assert_allclose(base_model.score_batch(params, batch), expected,
+                               rtol=1e-6)
+    weights = (targets > 0).at[:, 0].set(False).astype(jnp.float32)
+    batch['decoder_loss_weights'] = weights
+    assert np.all(base_model.score_batch(params, batch) > expected)
+
+
+class TestValidation:
+
+  def test_vocab_mismatch(self):
+    with pytest.raises(ValueError, match='Vocabulary mismatch'):
+      models.SpeculativeEncoderDecoderModel(
+          network.Transformer(TARGET_CFG),
+          network.Transformer(network.t5_1_1_config('tiny', vocab_size=VOCAB + 1)))
+
+  def test_speculative_needs_drafter(self):
+    with pytest.raises(ValueError, match='drafter_module'):
+      models.SpeculativeEncoderDecoderModel(network.Transformer(TARGET_CFG), None)
+
+  def test_output_vocabulary_larger_than_network(self):
+    with pytest.raises(ValueError, match='output_vocabulary'):
+      models.SpeculativeEncoderDecoderModel(
+          network.Transformer(TARGET_CFG), network.Transformer(DRAFTER_CFG),
+          output_vocabulary=seqio.PassThroughVocabulary(VOCAB + 5, eos_id=1))
+
+  def test_batch_errors(self, params):
+    model = models.SpeculativeEncoderDecoderModel(
+        network.Transformer(TARGET_CFG), network.Transformer(DRAFTER_CFG),
+        max_input_length=8, max_decode_length=10)
+    predict = model.compile_predict({'temperature': 0.0, 'gamma': 2})
+    with pytest.raises(ValueError, match='max_input_length'):
+      predict(params, _batch(input_len=9, target_len=10))
+    with pytest.raises(ValueError, match='max_decode_length'):
+      predict(params, _batch(input_len=8, target_len=12))
+    with pytest.raises(ValueError, match='decoder_input_tokens'):
+      predict(params, {'encoder_input_tokens': jnp.ones((2, 8), jnp.int32)})
+    bad = _batch(input_len=8, target_len=10)
+    bad['encoder_input_tokens'] = bad['encoder_input_tokens'].at[0, 0].set(VOCAB)
+    with pytest.raises(ValueError, match='outside'):
+      predict(params, bad)
+
+  def test_bad_decoder_params(self, spec_model, params):
+    with pytest.raises(ValueError, match='gamma'):
+      spec_model.compile_predict({'temperature': 0.0, 'gamma': 0})(params, _batch())
+    with pytest.raises(ValueError, match='temperature'):
+      spec_model.compile_predict({'temperature': -1.0})(params, _batch())
