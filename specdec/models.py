@@ -13,7 +13,6 @@ import functools
 import inspect
 from typing import Any, Callable, Mapping, Optional, Tuple
 
-import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -35,7 +34,6 @@ def _vocab_size(module) -> int:
   return module.config.vocab_size
 
 
-@gin.configurable(module='models')
 class SpeculativeEncoderDecoderModel:
   """A target network, a drafter network and a decode function.
 

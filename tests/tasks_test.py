@@ -1,0 +1,301 @@
+"""Tests for specdec/tasks.py (seqio tasks; CPU, a small fixture corpus)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import seqio
+import tensorflow_datasets as tfds
+
+from specdec import tasks
+
+TESTDATA = os.path.join(os.path.dirname(__file__), "testdata", "tasks")
+FIXTURE_CORPUS = os.path.join(TESTDATA, "corpus")
+LENGTHS = {"inputs": 64, "targets": 32}
+VOCAB_SIZE = 8100
+EOS = 1
+
+# Rows per split in the fixture corpus (both corpora).
+FIXTURE_ROWS = {"train": 6, "validation": 3, "test": 3}
+
+
+@pytest.fixture(scope="module")
+def local_tasks():
+  """Registers the local tasks on the fixture corpus; restores the defaults."""
+  names = tasks.register_local_tasks(corpus_dir=FIXTURE_CORPUS)
+  yield names
+  tasks.register_local_tasks()
+
+
+@pytest.fixture
+def vocab():
+  return tasks.get_vocabulary()
+
+
+def _decode(vocab, ids):
+  ids = [int(i) for i in ids if int(i) not in (0, EOS)]
+  return vocab.decode(ids)
+
+
+# --------------------------------------------------------------------------
+# Vocabulary and registration.
+# --------------------------------------------------------------------------
+
+
+def test_vocabulary_is_cached_and_has_t5_ids(vocab):
+  assert tasks.DEFAULT_VOCAB_PATH.endswith(
+      os.path.join("specdec", "assets", "spm_ende_8k.model"))
+  assert os.path.isfile(tasks.DEFAULT_VOCAB_PATH)
+  assert vocab is tasks.get_vocabulary(tasks.DEFAULT_VOCAB_PATH)
+  assert vocab.vocab_size == VOCAB_SIZE
+  assert (vocab.pad_id, vocab.eos_id, vocab.unk_id) == (0, 1, 2)
+  assert vocab.extra_ids == 100
+
+
+def test_missing_vocabulary_names_the_path(tmp_path):
+  missing = str(tmp_path / "no_such_spm.model")
+  with pytest.raises(FileNotFoundError, match="no_such_spm.model") as e:
+    tasks.get_vocabulary(missing)
+  assert missing in str(e.value)
+  with pytest.raises(FileNotFoundError, match="no_such_spm.model"):
+    tasks.register_local_tasks(corpus_dir=FIXTURE_CORPUS, vocab_path=missing)
+
+
+def test_names_and_constants_registered_on_import():
+  assert tasks.T5_DEFAULT_VOCAB_PATH == (
+      "gs://t5-data/vocabs/cc_all.32000/sentencepiece.model")
+  for name in ("specdec_ende_local", "specdec_summarize_local",
+               "specdec_wmt_ende", "specdec_cnn_dailymail"):
+    assert name in seqio.TaskRegistry.names()
+  assert "specdec_local_mix" in seqio.MixtureRegistry.names()
+  mix = seqio.get_mixture_or_task("specdec_local_mix")
+  assert sorted(t.name for t in mix.tasks) == sorted(tasks.LOCAL_TASKS)
+  # The paper's tasks keep T5's vocabulary (not opened at registration).
+  for name in tasks.PAPER_TASKS:
+    task = seqio.get_mixture_or_task(name)
+    for feature in task.output_features.values():
+      assert (feature.vocabulary.sentencepiece_model_file
+              == tasks.T5_DEFAULT_VOCAB_PATH)
+      assert feature.add_eos
+    assert tuple(task.splits) == tasks.SPLITS
+  ende = seqio.get_mixture_or_task("specdec_ende_local")
+  assert ende.metric_fns == [tasks.bleu]
+  assert seqio.get_mixture_or_task("specdec_summarize_local").metric_fns == [
+      tasks.rouge]
+  assert ende.postprocess_fn(b"  Hallo Welt \n") == "Hallo Welt"
+
+
+def test_import_with_missing_corpus_dir_and_env_override(tmp_path):
+  """Import must work without a corpus; the env var picks the directory."""
+  missing = str(tmp_path / "no_corpus")
+  code = (
+      "from specdec import tasks; import seqio\n"
+      f"assert tasks.DEFAULT_CORPUS_DIR == {missing!r}\n"
+      "t = seqio.get_mixture_or_task('specdec_ende_local')\n"
+      f"assert t.source.corpus_dir == {missing!r}\n"
+      "print('OK')\n")
+  env = dict(os.environ, SPECDEC_CORPUS_DIR=missing, TF_CPP_MIN_LOG_LEVEL="3")
+  out = subprocess.run([sys.executable, "-c", code], env=env,
+                       capture_output=True, text=True, timeout=120)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert out.stdout.strip().endswith("OK")
+
+
+# --------------------------------------------------------------------------
+# Local tasks on the fixture corpus.
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name,corpus,prefix", [
+    ("specdec_ende_local", "translate_en_de", "translate English to German: "),
+    ("specdec_summarize_local", "summarize_ddtp", "summarize: "),
+])
+def test_local_task_examples(local_tasks, vocab, name, corpus, prefix):
+  del local_tasks
+  task = seqio.get_mixture_or_task(name)
+  assert task.num_input_examples("validation") == FIXTURE_ROWS["validation"]
+  assert task.num_input_examples("train") == FIXTURE_ROWS["train"]
+  with open(os.path.join(FIXTURE_CORPUS, corpus, "validation.jsonl"),
+            encoding="utf-8") as f:
+    raw = [json.loads(line) for line in f]
+  exs = list(task.get_dataset(None, split="validation",
+                              shuffle=False).as_numpy_iterator())
+  assert len(exs) == len(raw)
+  for ex, row in zip(exs, raw):
+    assert ex["inputs_pretokenized"].decode() == prefix + row["inputs"]
+    assert ex["targets_pretokenized"].decode() == row["targets"]
+    for key in tasks.PROVENANCE_FIELDS:
+      assert ex[key].decode() == row[key]
+    for key in ("inputs", "targets"):
+      assert ex[key].dtype == np.int32
+      assert ex[key][-1] == EOS and EOS not in ex[key][:-1]
+      assert ex[key].max() < VOCAB_SIZE
+    assert vocab.decode(ex["inputs"].tolist()) == prefix + row["inputs"]
+    assert vocab.decode(ex["targets"].tolist()) == row["targets"]
+
+
+@pytest.mark.parametrize("pack", [False, True])
+def test_local_tasks_through_feature_converter(local_tasks, vocab, pack):
+  del local_tasks
+  for name, prefix in (("specdec_ende_local", tasks.TRANSLATE_PREFIX),
+                       ("specdec_summarize_local", tasks.SUMMARIZE_PREFIX)):
+    ds = seqio.get_dataset(
+        name, task_feature_lengths=LENGTHS, dataset_split="train",
+        shuffle=False,
+        feature_converter=seqio.EncDecFeatureConverter(pack=pack),
+        batch_size=2)
+    batches = list(ds.as_numpy_iterator())
+    assert batches
+    expected = {"encoder_input_tokens", "decoder_input_tokens",
+                "decoder_target_tokens", "decoder_loss_weights"}
+    if pack:
+      expected |= {"encoder_segment_ids", "encoder_positions",
+                   "decoder_segment_ids", "decoder_positions"}
+    n_rows = 0
+    for b in batches:
+      assert set(b) == expected
+      assert b["encoder_input_tokens"].shape[1:] == (64,)
+      assert b["decoder_target_tokens"].shape[1:] == (32,)
+      for k, v in b.items():
+        assert v.min() >= 0
+        if k.endswith("tokens"):
+          assert v.max() < VOCAB_SIZE
+      for row in range(b["encoder_input_tokens"].shape[0]):
+        enc = b["encoder_input_tokens"][row]
+        tgt = b["decoder_target_tokens"][row]
+        assert EOS in enc and EOS in tgt
+        # The decoder input is the target shifted right (BOS = 0).
+        assert b["decoder_input_tokens"][row][0] == 0
+        if pack:
+          first = enc[b["encoder_segment_ids"][row] == 1]
+          n_rows += int(b["encoder_segment_ids"][row].max())
+        else:
+          first = enc[enc != 0]
+          n_rows += 1
+          np.testing.assert_array_equal(b["decoder_input_tokens"][row][1:],
+                                        tgt[:-1])
+        assert first[-1] == EOS
+        assert _decode(vocab, first).startswith(prefix)
+    assert n_rows == FIXTURE_ROWS["train"]
+
+
+def test_mixture_yields_both_tasks(local_tasks, vocab):
+  del local_tasks
+  mix = seqio.get_mixture_or_task("specdec_local_mix")
+  for task in mix.tasks:
+    assert mix.get_rate(task) == FIXTURE_ROWS["train"]
+  ds = seqio.get_dataset(
+      "specdec_local_mix", task_feature_lengths=LENGTHS,
+      dataset_split="train", shuffle=True, seed=0, num_epochs=None,
+      feature_converter=seqio.EncDecFeatureConverter(pack=False))
+  prefixes = set()
+  for ex in ds.take(24).as_numpy_iterator():
+    assert ex["encoder_input_tokens"].max() < VOCAB_SIZE
+    text = _decode(vocab, ex["encoder_input_tokens"])
+    assert text.startswith((tasks.TRANSLATE_PREFIX, tasks.SUMMARIZE_PREFIX))
+    prefixes.add(text.split(":")[0])
+  assert prefixes == {"translate English to German", "summarize"}
+
+
+def test_missing_corpus_raises_with_build_hint(tmp_path):
+  missing = str(tmp_path / "no_corpus")
+  try:
+    # Registration itself must not fail.
+    tasks.register_local_tasks(corpus_dir=missing)
+    for name in tasks.LOCAL_TASKS:
+      task = seqio.get_mixture_or_task(name)
+      with pytest.raises(FileNotFoundError) as e:
+        task.get_dataset(LENGTHS, split="train", shuffle=False)
+      msg = str(e.value)
+      assert "python scripts/build_corpus.py --out data/corpus" in msg
+      assert missing in msg
+      with pytest.raises(FileNotFoundError, match="build_corpus"):
+        task.num_input_examples("train")
+    with pytest.raises(FileNotFoundError, match="build_corpus"):
+      seqio.get_mixture_or_task("specdec_local_mix").get_dataset(
+          LENGTHS, split="train", shuffle=False)
+  finally:
+    tasks.register_local_tasks()
+
+
+# --------------------------------------------------------------------------
+# Metrics.
+# --------------------------------------------------------------------------
+
+
+def test_bleu():
+  refs = ["Dieses Paket enthält die Hilfsprogramme der Bibliothek.",
+          "Britisch-englisches Wörterbuch für /usr/share/dict",
+          "Echtzeit-Strategiespiel über antike Kriegsführung"]
+  assert tasks.bleu(refs, refs)["bleu"] == pytest.approx(100.0)
+  # bytes (as seqio hands over raw targets) work too.
+  assert tasks.bleu([r.encode() for r in refs], refs)["bleu"] == (
+      pytest.approx(100.0))
+  unrelated = ["The quick brown fox jumps over the lazy dog today.",
+               "Copy websites to your computer please",
+               "Nothing in common with anything here at all"]
+  low = tasks.bleu(refs, unrelated)["bleu"]
+  assert 0.0 <= low < 5.0
+  partial = ["Dieses Paket enthält die Programme der Bibliothek.",
+             "Britisch-englisches Wörterbuch für /usr/share/dict",
+             "Echtzeit-Strategiespiel über Kriegsführung"]
+  assert low < tasks.bleu(refs, partial)["bleu"] < 100.0
+  assert set(tasks.bleu(refs, refs)) == {"bleu"}
+  with pytest.raises(ValueError):
+    tasks.bleu(refs, refs[:2])
+
+
+def test_rouge():
+  refs = ["European Portuguese wordlist",
+          "Common Gateway Interface for Octave. It parses CGI queries."]
+  same = tasks.rouge(refs, refs)
+  assert set(same) == {"rouge1", "rouge2", "rougeLsum"}
+  for v in same.values():
+    assert v == pytest.approx(100.0)
+  unrelated = tasks.rouge(refs, ["chase action game", "a password checker"])
+  for v in unrelated.values():
+    assert v < 5.0
+  half = tasks.rouge(["bindings for socket services in Ada"],
+                     ["socket services library"])
+  assert 0.0 < half["rouge1"] < 100.0
+  assert (tasks.prepare_summary_for_rouge("First one. Second one! third . x")
+          == "First one.\nSecond one!\nthird .\nx")
+
+
+# --------------------------------------------------------------------------
+# The paper's TFDS tasks under mock data.
+# --------------------------------------------------------------------------
+
+
+def test_paper_tasks_with_mock_tfds(vocab):
+  try:
+    tasks.register_paper_tasks(vocab_path=tasks.DEFAULT_VOCAB_PATH)
+    specs = (("specdec_wmt_ende", tasks.TRANSLATE_PREFIX, "validation"),
+             ("specdec_cnn_dailymail", tasks.SUMMARIZE_PREFIX, "test"))
+    with tfds.testing.mock_data(num_examples=3):
+      for name, prefix, split in specs:
+        task = seqio.get_mixture_or_task(name)
+        assert task.output_features["inputs"].vocabulary is vocab
+        ds = task.get_dataset(LENGTHS, split=split, shuffle=False,
+                              try_in_mem_cache=False)
+        exs = list(ds.as_numpy_iterator())
+        assert len(exs) == 3
+        for ex in exs:
+          assert ex["inputs_pretokenized"].decode().startswith(prefix)
+          assert ex["inputs"][-1] == EOS and ex["targets"][-1] == EOS
+          assert _decode(vocab, ex["inputs"]).startswith(prefix)
+        converted = seqio.EncDecFeatureConverter(pack=False)(ds, LENGTHS)
+        for ex in converted.as_numpy_iterator():
+          assert ex["encoder_input_tokens"].shape == (64,)
+          assert ex["decoder_target_tokens"].shape == (32,)
+          assert ex["encoder_input_tokens"].max() < VOCAB_SIZE
+          assert EOS in ex["encoder_input_tokens"]
+          assert EOS in ex["decoder_target_tokens"]
+  finally:
+    tasks.register_paper_tasks()
+  assert (seqio.get_mixture_or_task("specdec_wmt_ende").output_features[
+      "targets"].vocabulary.sentencepiece_model_file
+          == tasks.T5_DEFAULT_VOCAB_PATH)
