@@ -31,6 +31,7 @@ def _atomic_write(path: str, data: bytes) -> None:
   os.makedirs(directory, exist_ok=True)
   with tempfile.NamedTemporaryFile('wb', dir=directory, delete=False) as f:
     f.write(data)
+  os.chmod(f.name, 0o644)  # tempfile makes files private
   os.replace(f.name, path)
 
 
@@ -108,3 +109,18 @@ def training_checkpoint_manager(directory: str, max_to_keep: int = 2
   return ocp.CheckpointManager(
       os.path.abspath(directory),
       options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True))
+
+
+def load_module_and_params(directory: str):
+  """(flax module, float32 params) for any shipped model directory.
+
+  A compact T5 model (config.json + params.msgpack) or an n-gram drafter
+  (config.json + counts.npz).
+  """
+  from specdec import ngram  # pylint: disable=g-import-not-at-top
+  if not os.path.isdir(directory):
+    raise FileNotFoundError(f'No model directory at {directory}.')
+  if ngram.is_ngram_dir(directory):
+    return ngram.load(directory)
+  config, params = load_compact(directory)
+  return network.Transformer(config), params

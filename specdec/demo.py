@@ -52,6 +52,7 @@ def _write_json_atomic(path, obj):
   os.makedirs(directory, exist_ok=True)
   with tempfile.NamedTemporaryFile('w', dir=directory, delete=False) as f:
     json.dump(obj, f, indent=2)
+  os.chmod(f.name, 0o644)
   os.replace(f.name, path)
 
 

@@ -145,9 +145,10 @@ class SpeculativeEncoderDecoderModel:
       logits, new_vars = module.apply(
           {'params': params, 'cache': state.cache}, state.cur_token,
           state.cur_index, method=module.decode_step, mutable=['cache'])
-      return logits, new_vars['cache']
+      return logits, new_vars.get('cache', {})
 
-    return variables['cache'], tokens_to_logits
+    # A stateless drafter (e.g. an n-gram model) has an empty cache.
+    return variables.get('cache', {}), tokens_to_logits
 
   def predict_batch_with_aux(
       self,

@@ -1,0 +1,294 @@
+"""Tests for specdec/evaluation.py on the fixture corpus (no model needed).
+
+`decode_and_score` is driven by fake `predict` functions: one that returns
+the reference target ids of each input row (perfect scores), one that returns
+garbage (low scores).
+"""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from specdec import corpora
+from specdec import evaluation
+from specdec import tasks
+
+TESTDATA = os.path.join(os.path.dirname(__file__), 'testdata', 'tasks')
+FIXTURE_CORPUS = os.path.join(TESTDATA, 'corpus')
+# The fixture rows fit these lengths untrimmed (see testdata/tasks/README.md).
+LENGTHS = {'inputs': 64, 'targets': 32}
+# Long enough for every row of every split untrimmed.
+WIDE = {'inputs': 128, 'targets': 64}
+EOS = 1
+
+TASKS = {
+    tasks.ENDE_LOCAL_TASK: (corpora.TRANSLATION_CORPUS, corpora.TRANSLATE_PREFIX),
+    tasks.SUMMARIZE_LOCAL_TASK: (corpora.SUMMARIZATION_CORPUS,
+                                 corpora.SUMMARIZE_PREFIX),
+}
+
+
+@pytest.fixture(scope='module', autouse=True)
+def local_tasks():
+  """Registers the local tasks on the fixture corpus; restores the defaults."""
+  names = tasks.register_local_tasks(corpus_dir=FIXTURE_CORPUS)
+  yield names
+  tasks.register_local_tasks()
+
+
+def _rows(corpus, split):
+  with open(os.path.join(FIXTURE_CORPUS, corpus, f'{split}.jsonl')) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def _strip(ids):
+  return [int(i) for i in ids if int(i) not in (0,)]
+
+
+# -----------------------------------------------------------------------------
+# task_examples
+# -----------------------------------------------------------------------------
+
+
+class TestTaskExamples:
+
+  @pytest.mark.parametrize('task_name', sorted(TASKS))
+  @pytest.mark.parametrize('split', ['train', 'validation', 'test'])
+  def test_rows_in_file_order(self, task_name, split):
+    corpus, prefix = TASKS[task_name]
+    rows = _rows(corpus, split)
+    examples = evaluation.task_examples(task_name, split, WIDE)
+    assert len(examples) == len(rows)
+    vocab = tasks.get_vocabulary()
+    for ex, row in zip(examples, rows):
+      assert {'inputs', 'targets', 'inputs_pretokenized',
+              'targets_pretokenized'} <= set(ex)
+      assert ex['inputs_pretokenized'].decode('utf-8') == prefix + row['inputs']
+      assert ex['targets_pretokenized'].decode('utf-8') == row['targets']
+      # Tokenized, EOS-terminated, within the feature lengths.
+      for key in ('inputs', 'targets'):
+        ids = np.asarray(ex[key])
+        assert ids.dtype == np.int32
+        assert 1 < len(ids) < WIDE[key]
+        assert ids[-1] == EOS and EOS not in ids[:-1]
+      assert vocab.decode(ex['inputs'].tolist()) == prefix + row['inputs']
+      assert vocab.decode(ex['targets'].tolist()) == row['targets']
+      np.testing.assert_array_equal(
+          ex['targets'][:-1], vocab.encode(row['targets']))
+
+  def test_max_examples(self):
+    all_examples = evaluation.task_examples(tasks.ENDE_LOCAL_TASK, 'train', LENGTHS)
+    first = evaluation.task_examples(tasks.ENDE_LOCAL_TASK, 'train', LENGTHS,
+                                     max_examples=2)
+    assert len(all_examples) == 6 and len(first) == 2
+    for a, b in zip(first, all_examples[:2]):
+      assert a['inputs_pretokenized'] == b['inputs_pretokenized']
+      np.testing.assert_array_equal(a['targets'], b['targets'])
+    more = evaluation.task_examples(tasks.ENDE_LOCAL_TASK, 'train', LENGTHS,
+                                    max_examples=100)
+    assert len(more) == 6
+
+  def test_order_is_deterministic(self):
+    a = evaluation.task_examples(tasks.SUMMARIZE_LOCAL_TASK, 'train', LENGTHS)
+    b = evaluation.task_examples(tasks.SUMMARIZE_LOCAL_TASK, 'train', LENGTHS)
+    assert [x['inputs_pretokenized'] for x in a] == [
+        x['inputs_pretokenized'] for x in b]
+
+  def test_short_lengths_trim_with_eos(self):
+    examples = evaluation.task_examples(
+        tasks.SUMMARIZE_LOCAL_TASK, 'validation', {'inputs': 8, 'targets': 4})
+    for ex in examples:
+      assert len(ex['inputs']) <= 8 and ex['inputs'][-1] == EOS
+      assert len(ex['targets']) <= 4 and ex['targets'][-1] == EOS
+
+
+# -----------------------------------------------------------------------------
+# batches
+# -----------------------------------------------------------------------------
+
+
+def _fake_examples(lengths):
+  return [{'inputs': np.arange(2, 2 + n, dtype=np.int32), 'id': i}
+          for i, n in enumerate(lengths)]
+
+
+class TestBatches:
+
+  def test_pads_last_batch_with_empty_rows(self):
+    examples = _fake_examples([3, 5, 1, 4, 2])
+    out = list(evaluation.batches(examples, {'inputs': 6, 'targets': 4}, 2))
+    assert len(out) == 3
+    for batch, chunk in out:
+      assert set(batch) == {'encoder_input_tokens', 'decoder_input_tokens'}
+      assert batch['encoder_input_tokens'].shape == (2, 6)
+      assert batch['decoder_input_tokens'].shape == (2, 4)
+      assert batch['encoder_input_tokens'].dtype == np.int32
+      assert batch['decoder_input_tokens'].dtype == np.int32
+      assert not batch['decoder_input_tokens'].any()
+    assert [[ex['id'] for ex in chunk] for _, chunk in out] == [[0, 1], [2, 3], [4]]
+    last = out[-1][0]['encoder_input_tokens']
+    np.testing.assert_array_equal(last[0], [2, 3, 0, 0, 0, 0])
+    np.testing.assert_array_equal(last[1], np.zeros(6))
+
+  def test_rows_are_left_aligned_and_zero_padded(self):
+    examples = _fake_examples([3, 6])
+    (batch, chunk), = evaluation.batches(examples, {'inputs': 6, 'targets': 2}, 4)
+    enc = batch['encoder_input_tokens']
+    assert enc.shape == (4, 6)
+    np.testing.assert_array_equal(enc[0], [2, 3, 4, 0, 0, 0])
+    np.testing.assert_array_equal(enc[1], [2, 3, 4, 5, 6, 7])
+    assert not enc[2:].any()
+    assert len(chunk) == 2
+
+  def test_long_inputs_are_cut(self):
+    examples = _fake_examples([9])
+    (batch, _), = evaluation.batches(examples, {'inputs': 4, 'targets': 2}, 1)
+    np.testing.assert_array_equal(batch['encoder_input_tokens'], [[2, 3, 4, 5]])
+
+  def test_exact_multiple_has_no_padding_batch(self):
+    out = list(evaluation.batches(_fake_examples([1, 2, 3, 4]),
+                                  {'inputs': 4, 'targets': 2}, 2))
+    assert len(out) == 2
+    assert all(len(chunk) == 2 for _, chunk in out)
+
+  def test_no_examples(self):
+    assert list(evaluation.batches([], {'inputs': 4, 'targets': 2}, 2)) == []
+
+
+# -----------------------------------------------------------------------------
+# decode_and_score
+# -----------------------------------------------------------------------------
+
+
+class _ReferencePredict:
+  """predict(params, batch, rng) -> the reference target ids of each input row."""
+
+  def __init__(self, task_name, split, garbage=False, lengths=LENGTHS):
+    examples = evaluation.task_examples(task_name, split, lengths)
+    self.by_input = {tuple(_strip(ex['inputs'])): np.asarray(ex['targets'])
+                     for ex in examples}
+    assert len(self.by_input) == len(examples)  # Inputs are distinct.
+    self.garbage = garbage
+    self.calls = []
+
+  def __call__(self, params, batch, rng=None):
+    self.calls.append((params, rng))
+    enc = np.asarray(batch['encoder_input_tokens'])
+    out_len = batch['decoder_input_tokens'].shape[1]
+    decodes = np.zeros((enc.shape[0], out_len), np.int32)
+    for row in range(enc.shape[0]):
+      key = tuple(_strip(enc[row]))
+      if not key:  # A padding row.
+        continue
+      ids = self.by_input[key]
+      if self.garbage:
+        # Other, unrelated pieces (the ids of the reversed sequence shifted).
+        ids = np.concatenate([(ids[:-1][::-1] * 7 + 1000) % 7900 + 100, [EOS]])
+      decodes[row, :len(ids)] = ids
+      # Garbage after EOS must be ignored.
+      decodes[row, len(ids):] = 5
+    return decodes, {'scores': np.zeros(enc.shape[0])}
+
+
+class TestDecodeAndScore:
+
+  @pytest.mark.parametrize('batch_size', [1, 2, 4])
+  def test_translation_perfect(self, batch_size):
+    predict = _ReferencePredict(tasks.ENDE_LOCAL_TASK, 'validation')
+    params = {'target': 'PARAMS'}
+    result = evaluation.decode_and_score(
+        predict, params, tasks.ENDE_LOCAL_TASK, 'validation', LENGTHS,
+        batch_size=batch_size)
+    assert set(result) == {'metrics', 'predictions', 'targets', 'seconds'}
+    assert set(result['metrics']) == {'bleu'}
+    assert result['metrics']['bleu'] == pytest.approx(100.0, abs=1e-6)
+    rows = _rows(corpora.TRANSLATION_CORPUS, 'validation')
+    assert result['targets'] == [r['targets'] for r in rows]
+    assert result['predictions'] == result['targets']
+    assert len(predict.calls) == -(-len(rows) // batch_size)
+    assert all(p is params for p, _ in predict.calls)
+    assert result['seconds'] >= 0
+    assert isinstance(result['metrics']['bleu'], float)
+
+  def test_summarization_perfect(self):
+    predict = _ReferencePredict(tasks.SUMMARIZE_LOCAL_TASK, 'validation')
+    result = evaluation.decode_and_score(
+        predict, None, tasks.SUMMARIZE_LOCAL_TASK, 'validation', LENGTHS,
+        batch_size=2)
+    assert set(result['metrics']) == {'rouge1', 'rouge2', 'rougeLsum'}
+    for v in result['metrics'].values():
+      assert v == pytest.approx(100.0)
+    rows = _rows(corpora.SUMMARIZATION_CORPUS, 'validation')
+    assert result['targets'] == [r['targets'] for r in rows]
+    assert result['predictions'] == result['targets']
+
+  def test_translation_garbage(self):
+    predict = _ReferencePredict(tasks.ENDE_LOCAL_TASK, 'validation', garbage=True)
+    result = evaluation.decode_and_score(
+        predict, None, tasks.ENDE_LOCAL_TASK, 'validation', LENGTHS, batch_size=2)
+    assert result['metrics']['bleu'] < 5.0
+    rows = _rows(corpora.TRANSLATION_CORPUS, 'validation')
+    assert result['targets'] == [r['targets'] for r in rows]
+    assert len(result['predictions']) == len(rows)
+    assert all(p != t for p, t in zip(result['predictions'], result['targets']))
+
+  def test_summarization_garbage(self):
+    predict = _ReferencePredict(tasks.SUMMARIZE_LOCAL_TASK, 'validation',
+                                garbage=True)
+    result = evaluation.decode_and_score(
+        predict, None, tasks.SUMMARIZE_LOCAL_TASK, 'validation', LENGTHS,
+        batch_size=2)
+    for v in result['metrics'].values():
+      assert v < 30.0
+
+  def test_half_right(self):
+    """One right row out of three: predictions stay aligned with targets."""
+    right = _ReferencePredict(tasks.SUMMARIZE_LOCAL_TASK, 'validation')
+    wrong = _ReferencePredict(tasks.SUMMARIZE_LOCAL_TASK, 'validation',
+                              garbage=True)
+    first_input = tuple(_strip(evaluation.task_examples(
+        tasks.SUMMARIZE_LOCAL_TASK, 'validation', LENGTHS)[0]['inputs']))
+
+    def predict(params, batch, rng=None):
+      good, aux = right(params, batch, rng)
+      bad, _ = wrong(params, batch, rng)
+      enc = np.asarray(batch['encoder_input_tokens'])
+      keep = np.array([tuple(_strip(r)) == first_input for r in enc])
+      return np.where(keep[:, None], good, bad), aux
+
+    result = evaluation.decode_and_score(
+        predict, None, tasks.SUMMARIZE_LOCAL_TASK, 'validation', LENGTHS,
+        batch_size=2)
+    assert result['predictions'][0] == result['targets'][0]
+    assert all(p != t for p, t in zip(result['predictions'][1:],
+                                      result['targets'][1:]))
+    assert 100.0 / 3 - 1e-6 <= result['metrics']['rouge1'] < 60.0
+
+  def test_max_examples_and_rng(self):
+    predict = _ReferencePredict(tasks.ENDE_LOCAL_TASK, 'train', lengths=WIDE)
+    rng = object()
+    result = evaluation.decode_and_score(
+        predict, None, tasks.ENDE_LOCAL_TASK, 'train', WIDE, batch_size=4,
+        max_examples=5, rng=rng)
+    rows = _rows(corpora.TRANSLATION_CORPUS, 'train')[:5]
+    assert result['targets'] == [r['targets'] for r in rows]
+    assert result['predictions'] == result['targets']
+    assert len(predict.calls) == 2
+    assert all(r is rng for _, r in predict.calls)
+
+  def test_batches_have_fixed_shapes(self):
+    shapes = []
+
+    def predict(params, batch, rng=None):
+      shapes.append((batch['encoder_input_tokens'].shape,
+                     batch['decoder_input_tokens'].shape))
+      return np.zeros(batch['decoder_input_tokens'].shape, np.int32), {}
+
+    result = evaluation.decode_and_score(
+        predict, None, tasks.ENDE_LOCAL_TASK, 'train', LENGTHS, batch_size=4)
+    assert shapes == [((4, 64), (4, 32))] * 2
+    assert len(result['predictions']) == 6
+    assert result['predictions'] == [''] * 6
+    assert result['metrics']['bleu'] == pytest.approx(0.0)

@@ -1,0 +1,139 @@
+"""Tests for specdec/gin_utils.py: T5X-style gin flags and file lookup."""
+
+import os
+
+import gin
+import pytest
+
+from specdec import gin_utils
+
+REPO_GIN_DIR = os.path.join(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))), 'gin')
+
+
+@pytest.fixture(autouse=True)
+def _clear_gin():
+  gin.clear_config()
+  yield
+  gin.clear_config()
+
+
+class TestSplitGinArgs:
+
+  def test_empty(self):
+    assert gin_utils.split_gin_args([]) == ([], [], [])
+
+  def test_gin_file_equals_with_comma_list(self):
+    files, bindings, rest = gin_utils.split_gin_args(['--gin_file=a.gin,b/c.gin'])
+    assert files == ['a.gin', 'b/c.gin']
+    assert bindings == [] and rest == []
+
+  def test_gin_file_space_separated(self):
+    assert gin_utils.split_gin_args(['--gin_file', 'a.gin']) == (['a.gin'], [], [])
+    assert gin_utils.split_gin_args(['--gin_file', 'a.gin,b.gin']) == (
+        ['a.gin', 'b.gin'], [], [])
+
+  def test_gin_file_repeated_keeps_order(self):
+    files, _, _ = gin_utils.split_gin_args(
+        ['--gin_file=a.gin', '--gin_file', 'b.gin', '--gin_file=c.gin,d.gin'])
+    assert files == ['a.gin', 'b.gin', 'c.gin', 'd.gin']
+
+  def test_gin_dot_binding(self):
+    _, bindings, _ = gin_utils.split_gin_args(
+        ["--gin.MODEL_DIR='runs/target'", '--gin.train.train.num_steps=10'])
+    assert bindings == ["MODEL_DIR = 'runs/target'", 'train.train.num_steps = 10']
+
+  def test_gin_dot_value_may_contain_equals(self):
+    _, bindings, _ = gin_utils.split_gin_args(["--gin.NAME='a=b'"])
+    assert bindings == ["NAME = 'a=b'"]
+
+  def test_gin_dot_empty_value(self):
+    _, bindings, _ = gin_utils.split_gin_args(['--gin.NAME='])
+    assert bindings == ['NAME = ']
+
+  def test_gin_bindings(self):
+    _, bindings, _ = gin_utils.split_gin_args(
+        ['--gin_bindings=GAMMA = 3', '--gin_bindings=x.y=4'])
+    assert bindings == ['GAMMA = 3', 'x.y=4']
+
+  def test_other_args_pass_through_in_order(self):
+    argv = ['--foo=1', 'positional', '--gin_file=a.gin', '-v',
+            '--gin.X=1', '--gin_filex=2', '--bar']
+    files, bindings, rest = gin_utils.split_gin_args(argv)
+    assert files == ['a.gin']
+    assert bindings == ['X = 1']
+    assert rest == ['--foo=1', 'positional', '-v', '--gin_filex=2', '--bar']
+
+  def test_mixed_order_of_bindings(self):
+    _, bindings, _ = gin_utils.split_gin_args(
+        ['--gin.A=1', '--gin_bindings=B = 2', '--gin.C=3'])
+    assert bindings == ['A = 1', 'B = 2', 'C = 3']
+
+  def test_trailing_gin_file_without_value_is_not_swallowed(self):
+    files, _, rest = gin_utils.split_gin_args(['x', '--gin_file'])
+    assert files == []
+    assert rest == ['x', '--gin_file']
+
+  def test_gin_dot_without_equals_raises(self):
+    with pytest.raises(ValueError, match='--gin.MODEL_DIR'):
+      gin_utils.split_gin_args(['--gin.MODEL_DIR'])
+
+  def test_accepts_a_tuple(self):
+    assert gin_utils.split_gin_args(('--gin.A=1',)) == ([], ['A = 1'], [])
+
+
+class TestParse:
+
+  def test_repo_gin_dir(self):
+    assert os.path.samefile(gin_utils.REPO_GIN_DIR, REPO_GIN_DIR)
+
+  def test_finds_files_under_repo_gin_dir(self):
+    gin_utils.parse(['decoding/greedy.gin'], ['GAMMA = 3'])
+    assert gin.query_parameter('%GAMMA') == 3
+    assert gin.query_parameter('decoding.temperature_sample.temperature') == 0.0
+
+  def test_includes_resolve_through_the_search_path(self):
+    # cpu_target.gin includes 'train/cpu_family.gin' (relative to gin/).
+    gin_utils.parse(['train/cpu_target.gin'],
+                    ["MODEL_DIR = '/tmp/m'", 'train.train.num_steps = 7'])
+    assert gin.query_parameter('%MODEL_DIR') == '/tmp/m'
+    assert gin.query_parameter('train.train.num_steps') == 7
+    assert gin.query_parameter('train.train.batch_size') == 32
+    assert gin.query_parameter('network.T5Config.vocab_size') == 8192
+
+  def test_files_as_given_take_precedence(self, tmp_path, monkeypatch):
+    local = tmp_path / 'decoding' / 'greedy.gin'
+    local.parent.mkdir()
+    local.write_text('GAMMA = 11\n')
+    monkeypatch.chdir(tmp_path)
+    gin_utils.parse(['decoding/greedy.gin'], [])
+    assert gin.query_parameter('%GAMMA') == 11
+    with pytest.raises(ValueError):
+      gin.query_parameter('decoding.temperature_sample.temperature')
+
+  def test_absolute_path(self, tmp_path):
+    path = tmp_path / 'x.gin'
+    path.write_text('VALUE = 5\n')
+    gin_utils.parse([str(path)], ['OTHER = 6'])
+    assert gin.query_parameter('%VALUE') == 5
+    assert gin.query_parameter('%OTHER') == 6
+
+  def test_bindings_override_files(self):
+    gin_utils.parse(['decoding/greedy.gin'], ['GAMMA = 2'])
+    assert gin.query_parameter('%GAMMA') == 2
+
+  def test_missing_file_raises(self):
+    with pytest.raises(FileNotFoundError, match='no/such.gin') as e:
+      gin_utils.parse(['decoding/greedy.gin', 'no/such.gin'], [])
+    assert REPO_GIN_DIR in str(e.value) or gin_utils.REPO_GIN_DIR in str(e.value)
+
+  def test_bindings_only(self):
+    gin_utils.parse([], ['A = 1'])
+    assert gin.query_parameter('%A') == 1
+
+  def test_command_line_round_trip(self):
+    files, bindings, rest = gin_utils.split_gin_args(
+        ['--gin_file=decoding/greedy.gin', '--gin.GAMMA=4'])
+    assert rest == []
+    gin_utils.parse(files, bindings)
+    assert gin.query_parameter('%GAMMA') == 4
