@@ -755,6 +755,22 @@ def init_params(config: T5Config, rng: Array, batch: int = 1,
   return flax.core.unfreeze(nn.unbox(boxed))
 
 
+def decoder_macs_per_token(config: T5Config, encoder_length: int) -> int:
+  """Multiply-adds to decode one token with a warm cache (cross K/V precomputed).
+
+  Per decoder layer: self-attention q/k/v/out projections, cross-attention
+  q/out projections, attention over up to `encoder_length` positions, the
+  gated MLP; plus the logits layer. Self-attention scores over the decoded
+  prefix are left out (they grow with position and are small here).
+  """
+  joined = config.num_heads * config.head_dim
+  emb = config.emb_dim
+  mlp = config.mlp_dim * len(config.mlp_activations) + config.mlp_dim
+  per_layer = (4 * emb * joined + 2 * emb * joined + 2 * encoder_length * joined
+               + emb * mlp)
+  return config.num_decoder_layers * per_layer + emb * config.vocab_size
+
+
 def param_logical_axes(config: T5Config) -> dict:
   """The params tree of PartitionSpecs of logical axis names (no memory)."""
   boxed = jax.eval_shape(

@@ -18,6 +18,8 @@ import json
 import os
 import sys
 import time
+
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # seqio's TensorFlow is chatty.
 from typing import Any, Dict, Iterator, Mapping, Optional, Sequence
 
 import gin
@@ -256,6 +258,7 @@ def train(model_dir: str,
   deadline = None if max_minutes is None else time.time() + 60 * max_minutes
   record, tokens = None, 0
   step = start_step
+  run_started = time.time()
   with mesh:
     while step < num_steps:
       batch = jax.device_put(next(data), data_sharded)
@@ -281,13 +284,21 @@ def train(model_dir: str,
         manager.save(step, args=_standard_save(state), force=True)
         break
   manager.wait_until_finished()
+  _append_log(os.path.join(model_dir, 'runs.jsonl'), {
+      'started': time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(run_started)),
+      'minutes': (time.time() - run_started) / 60, 'from_step': start_step,
+      'to_step': step, 'command': ' '.join(sys.argv)})
   if record is None or record['step'] != step:
     record = evaluate(step)
   if export_dir:
+    with open(os.path.join(model_dir, 'runs.jsonl')) as f:
+      runs = [json.loads(line) for line in f]
     checkpoints.save_compact(export_dir, config, jax.device_get(state['params']),
                              extra={'train': {'step': step,
                                               'mixture_or_task_name': mixture_or_task_name,
                                               'teacher_dir': teacher_dir,
+                                              'runs': runs,
+                                              'minutes': sum(r['minutes'] for r in runs),
                                               'final_eval': record}})
     print(f'Exported params to {export_dir}.', flush=True)
   return record

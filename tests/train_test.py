@@ -1,0 +1,631 @@
+"""Tests for specdec/train.py: short CPU runs of `train.train` on the fixture corpus.
+
+The runs use the 'tiny' preset (vocab 8192 for the shipped 8100-id
+vocabulary), fp32, no dropout, feature lengths 32/16 and batches of 4, and a
+faster learning-rate schedule (warm-up of 1 step) so that the loss visibly
+drops within a few steps. Each `train.train` call compiles its own step
+functions, so the runs are few and shared through module-scoped fixtures:
+
+* `first_run`: 16 steps from scratch, checkpoints every 4, export, with a
+  2-example decode evaluation of both tasks.
+* `resumed_run`: a copy of that model dir trained on to step 20.
+* a run stopped by `max_minutes`, and a distillation run from the export.
+"""
+
+import contextlib
+import functools
+import io
+import json
+import math
+import os
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+import pytest
+
+from specdec import checkpoints
+from specdec import network
+from specdec import tasks
+from specdec import train
+
+TESTDATA = os.path.join(os.path.dirname(__file__), 'testdata', 'tasks')
+FIXTURE_CORPUS = os.path.join(TESTDATA, 'corpus')
+
+CFG = network.t5_1_1_config('tiny', vocab_size=8192, dropout_rate=0.0)
+LENGTHS = {'inputs': 32, 'targets': 16}
+BATCH = 4
+FIRST_STEPS = 16
+RESUMED_STEPS = 20
+CHECKPOINT_EVERY = 4
+
+# The module's own schedule (the runs below patch a faster one in).
+SCHEDULE = train.learning_rate_schedule
+FAST_SCHEDULE = functools.partial(SCHEDULE, peak=0.01, warmup_steps=1)
+
+RUN_KWARGS = dict(mixture_or_task_name='specdec_local_mix',
+                  feature_lengths=LENGTHS, batch_size=BATCH, seed=0,
+                  checkpoint_every=CHECKPOINT_EVERY, log_every=1,
+                  eval_every=1000, eval_batches=2, eval_decode_examples=0)
+
+
+# -----------------------------------------------------------------------------
+# Helpers and shared runs.
+# -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope='module', autouse=True)
+def local_tasks():
+  """Registers the local tasks on the fixture corpus; restores the defaults."""
+  tasks.register_local_tasks(corpus_dir=FIXTURE_CORPUS)
+  yield
+  tasks.register_local_tasks()
+
+
+@pytest.fixture(scope='module')
+def fast_lr():
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(train, 'learning_rate_schedule', FAST_SCHEDULE)
+    yield
+
+
+def _run(model_dir, **kwargs):
+  """train.train(...) with RUN_KWARGS; returns (record, printed output)."""
+  out = io.StringIO()
+  with contextlib.redirect_stdout(out):
+    record = train.train(str(model_dir), CFG, **dict(RUN_KWARGS, **kwargs))
+  return record, out.getvalue()
+
+
+def _log(model_dir, kind=None):
+  with open(os.path.join(model_dir, 'train_log.jsonl')) as f:
+    records = [json.loads(line) for line in f if line.strip()]
+  return [r for r in records if kind is None or r['kind'] == kind]
+
+
+def _abstract_state():
+  optimizer = train.make_optimizer()
+
+  def init():
+    params = network.init_params(CFG, jax.random.PRNGKey(0))
+    return {'step': jnp.zeros((), jnp.int32), 'params': params,
+            'opt_state': optimizer.init(params)}
+
+  return jax.eval_shape(init)
+
+
+def _manager(model_dir):
+  return checkpoints.training_checkpoint_manager(
+      os.path.join(model_dir, 'checkpoints'))
+
+
+def _restore(model_dir, step):
+  manager = _manager(model_dir)
+  try:
+    return manager.restore(step, args=ocp.args.StandardRestore(_abstract_state()))
+  finally:
+    manager.close()
+
+
+def _all_steps(model_dir):
+  manager = _manager(model_dir)
+  try:
+    return sorted(manager.all_steps())
+  finally:
+    manager.close()
+
+
+def _optimizer_counts(opt_state):
+  counts = []
+  for path, leaf in jax.tree_util.tree_flatten_with_path(opt_state)[0]:
+    last = path[-1]
+    if getattr(last, 'name', None) == 'count' or getattr(last, 'key', None) == 'count':
+      counts.append(int(leaf))
+  return counts
+
+
+def _assert_trees_equal(a, b):
+  assert jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b)
+  for (path, x), y in zip(jax.tree_util.tree_flatten_with_path(a)[0],
+                          jax.tree_util.tree_leaves(b)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y),
+                                  err_msg=jax.tree_util.keystr(path))
+
+
+@pytest.fixture(scope='module')
+def first_run(tmp_path_factory, fast_lr):
+  del fast_lr
+  root = tmp_path_factory.mktemp('first_run')
+  model_dir, export_dir = root / 'model', root / 'export'
+  record, printed = _run(
+      model_dir, num_steps=FIRST_STEPS, export_dir=str(export_dir),
+      eval_decode_tasks=(tasks.ENDE_LOCAL_TASK, tasks.SUMMARIZE_LOCAL_TASK),
+      eval_decode_examples=2)
+  # Everything the tests look at, read now (later runs work on copies).
+  return dict(root=root, model_dir=str(model_dir), export_dir=str(export_dir),
+              record=record, printed=printed, log=_log(model_dir),
+              steps=_all_steps(model_dir),
+              final_state=_restore(model_dir, FIRST_STEPS))
+
+
+@pytest.fixture(scope='module')
+def resumed_run(first_run, fast_lr):
+  """Copies the first run's model dir and trains it on to RESUMED_STEPS."""
+  del fast_lr
+  model_dir = os.path.join(first_run['root'], 'resumed')
+  shutil.copytree(first_run['model_dir'], model_dir)
+  placed = []
+  real_device_put = jax.device_put
+
+  def spy(x, *args, **kwargs):
+    if isinstance(x, dict) and 'opt_state' in x:
+      placed.append(jax.tree_util.tree_map(np.array, x))
+    return real_device_put(x, *args, **kwargs)
+
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(jax, 'device_put', spy)
+    record, printed = _run(model_dir, num_steps=RESUMED_STEPS)
+  return dict(model_dir=model_dir, record=record, printed=printed,
+              placed=placed, log=_log(model_dir))
+
+
+# -----------------------------------------------------------------------------
+# Learning-rate schedule and optimizer.
+# -----------------------------------------------------------------------------
+
+
+class TestSchedule:
+
+  def test_linear_warmup(self):
+    peak, warmup = 0.01, 500
+    for step in (0, 1, 99, 249, 498):
+      assert float(SCHEDULE(step)) == pytest.approx(
+          peak * (step + 1) / warmup, rel=1e-5)
+    assert float(SCHEDULE(0)) == pytest.approx(peak / warmup, rel=1e-5)
+
+  def test_peak_at_end_of_warmup(self):
+    assert float(SCHEDULE(499)) == pytest.approx(0.01, rel=1e-6)
+    assert float(SCHEDULE(9, peak=0.5, warmup_steps=10)) == pytest.approx(0.5)
+
+  def test_rsqrt_decay(self):
+    peak, warmup = 0.01, 500
+    for step in (500, 999, 1999, 4499, 49999):
+      assert float(SCHEDULE(step)) == pytest.approx(
+          peak * math.sqrt(warmup / (step + 1)), rel=1e-5)
+    # Quadrupling the step halves the rate.
+    assert float(SCHEDULE(1999)) == pytest.approx(0.005, rel=1e-5)
+    assert float(SCHEDULE(7999)) == pytest.approx(0.0025, rel=1e-5)
+
+  def test_shape_of_the_curve(self):
+    values = np.asarray(jax.vmap(SCHEDULE)(jnp.arange(3000)))
+    assert values.argmax() == 499
+    assert np.all(np.diff(values[:500]) > 0)
+    assert np.all(np.diff(values[500:]) < 0)
+    assert np.all(values > 0)
+
+  def test_custom_peak_and_warmup(self):
+    assert float(SCHEDULE(0, peak=1.0, warmup_steps=1)) == pytest.approx(1.0)
+    assert float(SCHEDULE(3, peak=1.0, warmup_steps=1)) == pytest.approx(0.5)
+    assert float(SCHEDULE(4, peak=2.0, warmup_steps=10)) == pytest.approx(1.0)
+
+  def test_jittable(self):
+    assert float(jax.jit(SCHEDULE)(jnp.int32(499))) == pytest.approx(0.01)
+
+
+class TestMakeOptimizer:
+
+  def test_unknown_name_raises(self):
+    with pytest.raises(ValueError, match="'nope'"):
+      train.make_optimizer('nope')
+
+  @pytest.mark.parametrize('name', ['adafactor', 'adamw'])
+  @pytest.mark.parametrize('clip_norm', [1.0, None])
+  def test_updates(self, name, clip_norm):
+    opt = train.make_optimizer(name, weight_decay=0.01, clip_norm=clip_norm)
+    params = {'w': jnp.ones((4, 3)), 'b': jnp.zeros((3,))}
+    grads = {'w': jnp.full((4, 3), 0.5), 'b': jnp.ones((3,))}
+    state = opt.init(params)
+    updates, state = opt.update(grads, state, params)
+    for u, g in zip(jax.tree_util.tree_leaves(updates),
+                    jax.tree_util.tree_leaves(grads)):
+      assert np.all(np.isfinite(np.asarray(u)))
+      # A descent direction.
+      assert float(jnp.sum(u * g)) < 0
+
+  def test_uses_the_schedule(self, monkeypatch):
+    seen = []
+
+    def schedule(step):
+      seen.append(step)
+      return 0.0
+
+    monkeypatch.setattr(train, 'learning_rate_schedule', schedule)
+    opt = train.make_optimizer('adamw')
+    params = {'w': jnp.ones((2, 2))}
+    updates, _ = opt.update({'w': jnp.ones((2, 2))}, opt.init(params), params)
+    assert seen
+    np.testing.assert_array_equal(np.asarray(updates['w']), 0.0)
+
+  def test_clipping(self):
+    """clip_norm bounds the gradient: huge and moderate gradients match (adamw step 1)."""
+    opt = train.make_optimizer('sgd' if False else 'adamw', clip_norm=1.0)
+    params = {'w': jnp.zeros((3,))}
+    state = opt.init(params)
+    big, _ = opt.update({'w': jnp.array([300.0, 400.0, 0.0])}, state, params)
+    small, _ = opt.update({'w': jnp.array([0.6, 0.8, 0.0])}, state, params)
+    np.testing.assert_allclose(np.asarray(big['w']), np.asarray(small['w']),
+                               rtol=1e-5)
+    assert isinstance(opt, optax.GradientTransformation)
+
+
+# -----------------------------------------------------------------------------
+# loss_fn and distillation (direct calls, small vocabulary).
+# -----------------------------------------------------------------------------
+
+SMALL = network.t5_1_1_config('tiny', vocab_size=64, dropout_rate=0.0)
+SMALL_MODULE = network.Transformer(SMALL)
+
+
+@pytest.fixture(scope='module')
+def small_params():
+  return (network.init_params(SMALL, jax.random.PRNGKey(1)),
+          network.init_params(SMALL, jax.random.PRNGKey(2)))
+
+
+@pytest.fixture(scope='module')
+def small_batch():
+  rng = np.random.RandomState(0)
+  b, s, t = 3, 7, 6
+  enc = rng.randint(2, 64, (b, s)).astype(np.int32)
+  enc[1, 5:] = 0
+  targets = rng.randint(2, 64, (b, t)).astype(np.int32)
+  targets[0, 4:] = 0
+  targets[2, 2:] = 0
+  dec_in = np.concatenate([np.zeros((b, 1), np.int32), targets[:, :-1]], 1)
+  return {'encoder_input_tokens': jnp.asarray(enc),
+          'decoder_input_tokens': jnp.asarray(dec_in),
+          'decoder_target_tokens': jnp.asarray(targets),
+          'decoder_loss_weights': jnp.asarray((targets > 0).astype(np.int32))}
+
+
+@functools.partial(jax.jit, static_argnames=('z_loss', 'distill_weight',
+                                             'with_teacher'))
+def _small_loss(params, teacher_params, batch, z_loss=0.0, distill_weight=0.0,
+                with_teacher=False):
+  teacher = (SMALL_MODULE, teacher_params) if with_teacher else None
+  return jax.value_and_grad(train.loss_fn, has_aux=True)(
+      params, batch, jax.random.PRNGKey(0), SMALL_MODULE, z_loss=z_loss,
+      teacher=teacher, distill_weight=distill_weight)
+
+
+def _reference_logp(params, batch):
+  logits = SMALL_MODULE.apply(
+      {'params': params}, batch['encoder_input_tokens'],
+      batch['decoder_input_tokens'], batch['decoder_target_tokens'],
+      enable_dropout=False)
+  return np.asarray(jax.nn.log_softmax(logits.astype(jnp.float32)), np.float64)
+
+
+class TestLossFn:
+
+  def test_cross_entropy(self, small_params, small_batch):
+    params, _ = small_params
+    (loss, metrics), _ = _small_loss(params, params, small_batch)
+    logp = _reference_logp(params, small_batch)
+    targets = np.asarray(small_batch['decoder_target_tokens'])
+    weights = np.asarray(small_batch['decoder_loss_weights'], np.float64)
+    nll = -np.take_along_axis(logp, targets[..., None], -1)[..., 0]
+    want = np.sum(nll * weights) / weights.sum()
+    assert float(loss) == pytest.approx(want, rel=1e-5)
+    assert float(metrics['ce']) == pytest.approx(want, rel=1e-5)
+    assert 'kl' not in metrics
+    # eval_loss gives the same (sum, count).
+    total, count = train.eval_loss(SMALL_MODULE, params, small_batch)
+    assert float(count) == weights.sum()
+    assert float(total) / float(count) == pytest.approx(want, rel=1e-5)
+
+  def test_z_loss(self, small_params, small_batch):
+    params, _ = small_params
+    (plain, _), _ = _small_loss(params, params, small_batch)
+    (with_z, _), _ = _small_loss(params, params, small_batch, z_loss=0.1)
+    logits = SMALL_MODULE.apply(
+        {'params': params}, small_batch['encoder_input_tokens'],
+        small_batch['decoder_input_tokens'],
+        small_batch['decoder_target_tokens'], enable_dropout=False)
+    log_z = np.asarray(jax.nn.logsumexp(logits, -1), np.float64)
+    weights = np.asarray(small_batch['decoder_loss_weights'], np.float64)
+    penalty = 0.1 * np.sum(log_z ** 2 * weights) / weights.sum()
+    assert float(with_z) - float(plain) == pytest.approx(penalty, rel=1e-4)
+
+  def test_padding_tokens_do_not_count(self, small_params, small_batch):
+    params, _ = small_params
+    (loss, _), _ = _small_loss(params, params, small_batch)
+    # Change the decoder inputs after the last real target of row 0 (causal
+    # attention: the earlier positions see nothing of them).
+    batch = dict(small_batch)
+    dec = np.array(batch['decoder_input_tokens'])
+    dec[0, 5:] = 7
+    batch['decoder_input_tokens'] = jnp.asarray(dec)
+    (loss2, _), _ = _small_loss(params, params, batch)
+    assert float(loss2) == pytest.approx(float(loss), rel=1e-6)
+
+  def test_teacher_equal_to_student_gives_zero_kl(self, small_params, small_batch):
+    params, _ = small_params
+    (loss, metrics), grads = _small_loss(params, params, small_batch,
+                                         distill_weight=1.0, with_teacher=True)
+    assert float(metrics['kl']) == pytest.approx(0.0, abs=1e-6)
+    assert float(loss) == pytest.approx(0.0, abs=1e-6)
+    assert float(metrics['ce']) > 1.0
+    # KL(p || q) is minimal at q = p: no gradient.
+    assert float(optax.global_norm(grads)) < 1e-4
+
+  def test_mixed_weight_with_equal_teacher(self, small_params, small_batch):
+    params, _ = small_params
+    (loss, metrics), _ = _small_loss(params, params, small_batch,
+                                     distill_weight=0.5, with_teacher=True)
+    assert float(loss) == pytest.approx(0.5 * float(metrics['ce']), rel=1e-5)
+
+  @pytest.mark.parametrize('weight', [0.3, 1.0])
+  def test_different_teacher(self, small_params, small_batch, weight):
+    student, teacher = small_params
+    (loss, metrics), grads = _small_loss(student, teacher, small_batch,
+                                         distill_weight=weight,
+                                         with_teacher=True)
+    p = _reference_logp(teacher, small_batch)
+    q = _reference_logp(student, small_batch)
+    kl = np.sum(np.exp(p) * (p - q), -1)
+    weights = np.asarray(small_batch['decoder_loss_weights'], np.float64)
+    want_kl = np.sum(kl * weights) / weights.sum()
+    assert want_kl > 1e-3
+    assert float(metrics['kl']) == pytest.approx(want_kl, rel=1e-4)
+    assert float(loss) == pytest.approx(
+        (1 - weight) * float(metrics['ce']) + weight * want_kl, rel=1e-4)
+    assert float(optax.global_norm(grads)) > 1e-4
+
+  def test_no_gradient_into_the_teacher(self, small_params, small_batch):
+    student, teacher = small_params
+
+    def teacher_loss(t):
+      return train.loss_fn(student, small_batch, jax.random.PRNGKey(0),
+                           SMALL_MODULE, z_loss=0.0,
+                           teacher=(SMALL_MODULE, t), distill_weight=1.0)[0]
+
+    grads = jax.jit(jax.grad(teacher_loss))(teacher)
+    assert float(optax.global_norm(grads)) == 0.0
+
+  def test_zero_weight_ignores_the_teacher(self, small_params, small_batch):
+    student, teacher = small_params
+    (loss, metrics), _ = _small_loss(student, teacher, small_batch,
+                                     distill_weight=0.0, with_teacher=True)
+    (plain, _), _ = _small_loss(student, student, small_batch)
+    assert float(loss) == pytest.approx(float(plain), rel=1e-6)
+    assert 'kl' not in metrics
+
+
+# -----------------------------------------------------------------------------
+# Argument checks (before any compute).
+# -----------------------------------------------------------------------------
+
+
+class TestArgumentChecks:
+
+  def test_batch_size_must_divide_over_devices(self, tmp_path, monkeypatch):
+    monkeypatch.setattr(jax, 'device_count', lambda *a, **k: 3)
+    model_dir = tmp_path / 'model'
+    with pytest.raises(ValueError, match=r'batch_size=4 .*3 devices'):
+      train.train(str(model_dir), CFG, batch_size=4, num_steps=1)
+    assert not model_dir.exists()
+
+  def test_teacher_vocab_must_match(self, tmp_path):
+    teacher_dir = tmp_path / 'teacher'
+    checkpoints.save_compact(str(teacher_dir), SMALL,
+                             network.init_params(SMALL, jax.random.PRNGKey(0)))
+    with pytest.raises(ValueError, match='vocab_size 64 .* 8192'):
+      train.train(str(tmp_path / 'model'), CFG, teacher_dir=str(teacher_dir),
+                  num_steps=1)
+
+  def test_missing_teacher_raises(self, tmp_path):
+    with pytest.raises(FileNotFoundError, match='no_teacher'):
+      train.train(str(tmp_path / 'model'), CFG,
+                  teacher_dir=str(tmp_path / 'no_teacher'), num_steps=1)
+
+
+# -----------------------------------------------------------------------------
+# A run from scratch.
+# -----------------------------------------------------------------------------
+
+
+class TestFirstRun:
+
+  def test_loss_goes_down(self, first_run):
+    losses = [r['loss'] for r in first_run['log'] if r['kind'] == 'train']
+    assert len(losses) == FIRST_STEPS
+    assert all(np.isfinite(losses))
+    # Starts near log(vocab) and drops by far more than the batch noise.
+    assert abs(losses[0] - math.log(CFG.vocab_size)) < 1.0
+    assert np.mean(losses[-4:]) < np.mean(losses[:4]) - 0.5
+    assert losses[-1] < losses[0]
+
+  def test_train_log(self, first_run):
+    train_records = [r for r in first_run['log'] if r['kind'] == 'train']
+    assert [r['step'] for r in train_records] == list(range(1, FIRST_STEPS + 1))
+    for r in train_records:
+      assert {'loss', 'ce', 'grad_norm', 'tokens_per_s'} <= set(r)
+      assert r['grad_norm'] > 0 and r['tokens_per_s'] > 0
+      # No z-loss in ce? It is included (z_loss=1e-4): loss == ce here.
+      assert r['loss'] == pytest.approx(r['ce'], rel=1e-6)
+      assert 'kl' not in r
+    evals = [r for r in first_run['log'] if r['kind'] == 'eval']
+    assert len(evals) == 1 and evals[0]['step'] == FIRST_STEPS
+
+  def test_progress_lines(self, first_run):
+    printed = first_run['printed']
+    assert 'Resumed' not in printed
+    for step in (1, FIRST_STEPS):
+      assert f'step {step}/{FIRST_STEPS}  loss ' in printed
+    assert 'tokens/s' in printed and 'ETA' in printed
+    assert f"Exported params to {first_run['export_dir']}." in printed
+
+  def test_final_record(self, first_run):
+    record = first_run['record']
+    assert record['step'] == FIRST_STEPS
+    assert np.isfinite(record['eval_loss']) and record['eval_loss'] > 0
+    assert 'eval ' + json.dumps(record) in first_run['printed']
+    assert set(record) == {
+        'step', 'eval_loss', f'{tasks.ENDE_LOCAL_TASK}/bleu',
+        f'{tasks.SUMMARIZE_LOCAL_TASK}/rouge1',
+        f'{tasks.SUMMARIZE_LOCAL_TASK}/rouge2',
+        f'{tasks.SUMMARIZE_LOCAL_TASK}/rougeLsum'}
+    for key, value in record.items():
+      if '/' in key:
+        assert 0.0 <= value <= 100.0
+    evals = [r for r in first_run['log'] if r['kind'] == 'eval']
+    assert {k: v for k, v in evals[0].items() if k != 'kind'} == record
+
+  def test_checkpoints(self, first_run):
+    # Every CHECKPOINT_EVERY steps, the latest two kept.
+    assert first_run['steps'] == [FIRST_STEPS - CHECKPOINT_EVERY, FIRST_STEPS]
+    state = first_run['final_state']
+    assert int(state['step']) == FIRST_STEPS
+    counts = _optimizer_counts(state['opt_state'])
+    assert counts and set(counts) == {FIRST_STEPS}
+    fresh = network.init_params(CFG, jax.random.PRNGKey(0))
+    changed = [not np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(
+        jax.tree_util.tree_leaves(state['params']),
+        jax.tree_util.tree_leaves(fresh))]
+    assert all(changed)
+
+  def test_export(self, first_run):
+    config, params = checkpoints.load_compact(first_run['export_dir'])
+    assert config == CFG
+    want = first_run['final_state']['params']
+    assert (jax.tree_util.tree_structure(params)
+            == jax.tree_util.tree_structure(want))
+    for got, exp in zip(jax.tree_util.tree_leaves(params),
+                        jax.tree_util.tree_leaves(want)):
+      np.testing.assert_array_equal(
+          np.asarray(got),
+          np.asarray(jnp.asarray(exp, jnp.bfloat16).astype(jnp.float32)))
+    with open(os.path.join(first_run['export_dir'], checkpoints.CONFIG_FILE)) as f:
+      meta = json.load(f)
+    assert meta['storage_dtype'] == 'bfloat16'
+    assert meta['train']['step'] == FIRST_STEPS
+    assert meta['train']['mixture_or_task_name'] == 'specdec_local_mix'
+    assert meta['train']['teacher_dir'] is None
+    assert meta['train']['final_eval'] == first_run['record']
+
+
+# -----------------------------------------------------------------------------
+# Resuming.
+# -----------------------------------------------------------------------------
+
+
+class TestResume:
+
+  def test_prints_resumed(self, resumed_run):
+    assert (f"Resumed from {resumed_run['model_dir']} at step {FIRST_STEPS}."
+            in resumed_run['printed'])
+    assert f'step {FIRST_STEPS + 1}/{RESUMED_STEPS}  loss' in resumed_run['printed']
+    assert f'step 1/{RESUMED_STEPS} ' not in resumed_run['printed']
+
+  def test_starts_from_the_checkpointed_state(self, first_run, resumed_run):
+    assert len(resumed_run['placed']) == 1
+    start = resumed_run['placed'][0]
+    assert int(start['step']) == FIRST_STEPS
+    _assert_trees_equal(start['params'], first_run['final_state']['params'])
+    _assert_trees_equal(start['opt_state'], first_run['final_state']['opt_state'])
+
+  def test_log_continues(self, first_run, resumed_run):
+    steps = [r['step'] for r in resumed_run['log'] if r['kind'] == 'train']
+    assert steps == list(range(1, RESUMED_STEPS + 1))
+    losses = {r['step']: r['loss'] for r in resumed_run['log']
+              if r['kind'] == 'train'}
+    # Continues from the trained params, not from a fresh init.
+    assert losses[FIRST_STEPS + 1] < losses[1] - 0.5
+    evals = [r['step'] for r in resumed_run['log'] if r['kind'] == 'eval']
+    assert evals == [FIRST_STEPS, RESUMED_STEPS]
+
+  def test_checkpoints_and_optimizer_continue(self, first_run, resumed_run):
+    assert _all_steps(resumed_run['model_dir']) == [FIRST_STEPS, RESUMED_STEPS]
+    state = _restore(resumed_run['model_dir'], RESUMED_STEPS)
+    assert int(state['step']) == RESUMED_STEPS
+    assert set(_optimizer_counts(state['opt_state'])) == {RESUMED_STEPS}
+    assert resumed_run['record']['step'] == RESUMED_STEPS
+    changed = [not np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(
+        jax.tree_util.tree_leaves(state['params']),
+        jax.tree_util.tree_leaves(first_run['final_state']['params']))]
+    assert any(changed)
+
+  def test_nothing_left_to_do(self, first_run, tmp_path):
+    """num_steps <= the checkpointed step: no training, same eval loss."""
+    model_dir = str(tmp_path / 'done')
+    shutil.copytree(first_run['model_dir'], model_dir)
+    record, printed = _run(model_dir, num_steps=FIRST_STEPS)
+    assert f'Resumed from {model_dir} at step {FIRST_STEPS}.' in printed
+    assert 'loss ' not in printed.replace('eval_loss', '')
+    assert record['step'] == FIRST_STEPS
+    assert record['eval_loss'] == pytest.approx(
+        first_run['record']['eval_loss'], rel=1e-6)
+    assert _all_steps(model_dir) == first_run['steps']
+
+
+# -----------------------------------------------------------------------------
+# max_minutes.
+# -----------------------------------------------------------------------------
+
+
+class TestMaxMinutes:
+
+  def test_stops_early_and_saves(self, tmp_path, fast_lr):
+    del fast_lr
+    model_dir, export_dir = tmp_path / 'model', tmp_path / 'export'
+    # A 6 ms budget: the first step (with its compile) already exceeds it.
+    record, printed = _run(model_dir, num_steps=5, checkpoint_every=5,
+                           max_minutes=1e-4, export_dir=str(export_dir))
+    assert 'Stopping at step 1: max_minutes=0.0001 reached' in printed
+    assert record['step'] == 1
+    assert _all_steps(str(model_dir)) == [1]
+    assert int(_restore(str(model_dir), 1)['step']) == 1
+    assert [r['step'] for r in _log(str(model_dir), 'train')] == [1]
+    with open(os.path.join(export_dir, checkpoints.CONFIG_FILE)) as f:
+      assert json.load(f)['train']['step'] == 1
+
+  @pytest.mark.xfail(
+      strict=True, raises=ocp.checkpoint_manager.StepAlreadyExistsError,
+      reason='train.py: when the max_minutes deadline passes on a step that '
+      'was just checkpointed (step % checkpoint_every == 0 or step == '
+      'num_steps), the forced save repeats that step and Orbax raises '
+      'StepAlreadyExistsError.')
+  def test_deadline_on_a_checkpoint_step(self, tmp_path):
+    model_dir = tmp_path / 'model'
+    record, printed = _run(model_dir, num_steps=3, checkpoint_every=1,
+                           max_minutes=1e-4)
+    assert 'Stopping at step 1' in printed
+    assert record['step'] == 1
+    assert _all_steps(str(model_dir)) == [1]
+
+
+# -----------------------------------------------------------------------------
+# Distillation run.
+# -----------------------------------------------------------------------------
+
+
+class TestDistillationRun:
+
+  def test_runs_with_a_teacher(self, first_run, tmp_path, fast_lr):
+    del fast_lr
+    model_dir, export_dir = tmp_path / 'student', tmp_path / 'export'
+    record, _ = _run(model_dir, num_steps=2, teacher_dir=first_run['export_dir'],
+                     distill_weight=0.5, export_dir=str(export_dir))
+    assert record['step'] == 2 and np.isfinite(record['eval_loss'])
+    logged = _log(str(model_dir), 'train')
+    assert [r['step'] for r in logged] == [1, 2]
+    for r in logged:
+      # A fresh student against the trained teacher: KL > 0.
+      assert r['kl'] > 1e-3
+      assert r['loss'] == pytest.approx(0.5 * r['ce'] + 0.5 * r['kl'], rel=1e-5)
+    with open(os.path.join(export_dir, checkpoints.CONFIG_FILE)) as f:
+      assert json.load(f)['train']['teacher_dir'] == first_run['export_dir']
