@@ -58,6 +58,9 @@ def save_compact(directory: str, config: network.T5Config, params: PyTree,
   meta = {'config': config_to_dict(config),
           'storage_dtype': jnp.dtype(storage_dtype).name}
   if extra:
+    clash = set(extra) & set(meta)
+    if clash:
+      raise ValueError(f'extra metadata may not replace {sorted(clash)}.')
     meta.update(extra)
   _atomic_write(os.path.join(directory, PARAMS_FILE),
                 flax.serialization.msgpack_serialize(flax.core.unfreeze(stored)))

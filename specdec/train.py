@@ -50,9 +50,21 @@ def learning_rate_schedule(step, peak: float = 0.01, warmup_steps: int = 500):
   return peak * warm * decay
 
 
+def _configured(fn):
+  """The gin-configured version of `fn` when gin knows it, else `fn` itself.
+
+  The gin files register this module's functions dynamically, which binds
+  their configurable versions, not the module attributes called here.
+  """
+  try:
+    return gin.get_configurable(fn)
+  except ValueError:
+    return fn
+
+
 def make_optimizer(name: str = 'adafactor', weight_decay: float = 0.0,
                    clip_norm: Optional[float] = 1.0) -> optax.GradientTransformation:
-  schedule = learning_rate_schedule
+  schedule = _configured(learning_rate_schedule)
   if name == 'adafactor':
     # T5X's default: updates scaled by each parameter's RMS.
     opt = optax.adafactor(learning_rate=schedule, multiply_by_parameter_scale=True,
@@ -182,7 +194,7 @@ def train(model_dir: str,
   os.makedirs(model_dir, exist_ok=True)
   log_path = os.path.join(model_dir, 'train_log.jsonl')
   module = network.Transformer(config)
-  optimizer = make_optimizer()
+  optimizer = _configured(make_optimizer)()
   teacher = None
   if teacher_dir:
     teacher_config, teacher_params = checkpoints.load_compact(teacher_dir)
@@ -221,7 +233,8 @@ def train(model_dir: str,
     (loss, metrics), grads = grad_fn(state['params'], batch, rng)
     updates, opt_state = optimizer.update(grads, state['opt_state'], state['params'])
     params = optax.apply_updates(state['params'], updates)
-    metrics = dict(metrics, loss=loss, grad_norm=optax.global_norm(grads))
+    metrics = dict(metrics, loss=loss,
+                   grad_norm=optax.tree_utils.tree_l2_norm(grads))
     return {'step': state['step'] + 1, 'params': params, 'opt_state': opt_state}, metrics
 
   eval_step = jax.jit(functools.partial(eval_loss, module))
@@ -259,30 +272,30 @@ def train(model_dir: str,
   record, tokens = None, 0
   step = start_step
   run_started = time.time()
-  with mesh:
-    while step < num_steps:
-      batch = jax.device_put(next(data), data_sharded)
-      tokens += int(np.sum(batch['decoder_loss_weights'])) + int(
-          np.sum(batch['encoder_input_tokens'] > 0))
-      rng, step_rng = jax.random.split(rng)
-      state, metrics = train_step(state, batch, step_rng)
-      step += 1
-      if step % log_every == 0 or step == num_steps:
-        metrics = jax.tree_util.tree_map(float, metrics)
-        print(progress.line(step, metrics['loss'], tokens), flush=True)
-        _append_log(log_path, dict(metrics, step=step, kind='train',
-                                   tokens_per_s=progress.tokens / max(
-                                       time.perf_counter() - progress.t0, 1e-9)))
-        tokens = 0
-      if step % checkpoint_every == 0 or step == num_steps:
-        manager.save(step, args=_standard_save(state))
-      if step % eval_every == 0:
-        record = evaluate(step)
-      if deadline and time.time() > deadline:
-        print(f'Stopping at step {step}: max_minutes={max_minutes} reached; '
-              'run again to resume.', flush=True)
+  while step < num_steps:
+    batch = jax.device_put(next(data), data_sharded)
+    tokens += int(np.sum(batch['decoder_loss_weights'])) + int(
+        np.sum(batch['encoder_input_tokens'] > 0))
+    rng, step_rng = jax.random.split(rng)
+    state, metrics = train_step(state, batch, step_rng)
+    step += 1
+    if step % log_every == 0 or step == num_steps:
+      metrics = jax.tree_util.tree_map(float, metrics)
+      print(progress.line(step, metrics['loss'], tokens), flush=True)
+      _append_log(log_path, dict(metrics, step=step, kind='train',
+                                 tokens_per_s=progress.tokens / max(
+                                     time.perf_counter() - progress.t0, 1e-9)))
+      tokens = 0
+    if step % checkpoint_every == 0 or step == num_steps:
+      manager.save(step, args=_standard_save(state))
+    if step % eval_every == 0:
+      record = evaluate(step)
+    if deadline and time.time() > deadline:
+      print(f'Stopping at step {step}: max_minutes={max_minutes} reached; '
+            'run again to resume.', flush=True)
+      if step not in manager.all_steps():
         manager.save(step, args=_standard_save(state), force=True)
-        break
+      break
   manager.wait_until_finished()
   _append_log(os.path.join(model_dir, 'runs.jsonl'), {
       'started': time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(run_started)),
