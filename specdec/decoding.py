@@ -300,6 +300,24 @@ class SpeculativeLoopState:
   stats: Mapping[str, jax.Array]
 
 
+def _check_cache_length(cache, length: int, cache_offset: int, name: str) -> None:
+  """Self-attention caches must hold every decode position.
+
+  Leaves named `cached_key` follow the project's layout [B, L, heads, dim]
+  (batch on `cache_offset`, length right after it). A shorter cache would
+  drop the keys of late positions and silently change their logits.
+  """
+  for path, leaf in jax.tree_util.tree_flatten_with_path(cache)[0]:
+    last = path[-1]
+    key = getattr(last, 'key', getattr(last, 'name', None))
+    if key == 'cached_key' and jnp.ndim(leaf) == 4 + cache_offset:
+      cache_len = jnp.shape(leaf)[cache_offset + 1]
+      if cache_len < length:
+        raise ValueError(
+            f'{name} holds {cache_len} decode positions but inputs has length '
+            f'{length}: build the cache with max_decode_length >= {length}.')
+
+
 def _logits_shape(tokens_to_logits, cache, sequences, k, name):
   """Abstractly evaluates one k-token call: the vocab size, at no cost."""
   rows = sequences.shape[0]
@@ -384,6 +402,8 @@ def speculative_sample(
     max_decode_steps = jnp.minimum(max_decode_steps, max_decode_steps_hard_limit)
 
   batch_size, length = inputs.shape
+  _check_cache_length(cache, length, cache_offset, 'cache')
+  _check_cache_length(draft_cache, length, draft_cache_offset, 'draft_cache')
   buffer_len = length + gamma + 2
   target_shape = _logits_shape(tokens_to_logits, cache,
                                jnp.zeros((batch_size, buffer_len)), gamma + 1,

@@ -198,6 +198,18 @@ class TestValidation:
     with pytest.raises(ValueError, match='outside'):
       predict(params, bad)
 
+  def test_short_cache_is_refused(self, params):
+    model = models.SpeculativeEncoderDecoderModel(
+        network.Transformer(TARGET_CFG), network.Transformer(DRAFTER_CFG))
+    batch = _batch(target_len=8)
+    cache, fn = model._decoder_fns(model.module, params['target'],  # pylint: disable=protected-access
+                                   batch['encoder_input_tokens'], 6)
+    draft_cache, draft_fn = model._decoder_fns(  # pylint: disable=protected-access
+        model.drafter_module, params['drafter'], batch['encoder_input_tokens'], 8)
+    with pytest.raises(ValueError, match='max_decode_length >= 8'):
+      decoding.speculative_sample(jnp.zeros((6, 8), jnp.int32), cache, fn,
+                                  draft_cache, draft_fn, eos_id=EOS, gamma=2)
+
   def test_bad_decoder_params(self, spec_model, params):
     with pytest.raises(ValueError, match='gamma'):
       spec_model.compile_predict({'temperature': 0.0, 'gamma': 0})(params, _batch())
