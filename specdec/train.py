@@ -181,8 +181,13 @@ def train(model_dir: str,
           teacher_dir: Optional[str] = None,
           distill_weight: float = 0.5,
           max_minutes: Optional[float] = None,
-          export_dir: Optional[str] = None) -> Dict[str, Any]:
+          export_dir: Optional[str] = None,
+          init_from_dir: Optional[str] = None) -> Dict[str, Any]:
   """Trains `config` on a seqio mixture; resumes from `model_dir` if it holds checkpoints.
+
+  Without checkpoints, `init_from_dir` (a compact model of the same config)
+  starts training from those params with a fresh optimizer state and step
+  counter (to continue a shipped model when its checkpoints are gone).
 
   Returns the final evaluation record.
   """
@@ -207,20 +212,29 @@ def train(model_dir: str,
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   data_sharded = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('data'))
 
-  def init_state():
-    params = network.init_params(config, jax.random.PRNGKey(seed))
+  def fresh_state(params):
     return {'step': jnp.zeros((), jnp.int32), 'params': params,
             'opt_state': optimizer.init(params)}
 
+  def initial_params():
+    if not init_from_dir:
+      return network.init_params(config, jax.random.PRNGKey(seed))
+    init_config, params = checkpoints.load_compact(init_from_dir)
+    if init_config != config:
+      raise ValueError(f'init_from_dir={init_from_dir} holds a different '
+                       f'config: {init_config} vs {config}.')
+    return params
+
   manager = checkpoints.training_checkpoint_manager(os.path.join(model_dir, 'checkpoints'))
-  abstract = jax.eval_shape(init_state)
+  abstract = jax.eval_shape(
+      lambda: fresh_state(network.init_params(config, jax.random.PRNGKey(seed))))
   latest = manager.latest_step()
   if latest is not None:
     import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
     state = manager.restore(latest, args=ocp.args.StandardRestore(abstract))
     print(f'Resumed from {model_dir} at step {latest}.', flush=True)
   else:
-    state = init_state()
+    state = fresh_state(initial_params())
   state = jax.device_put(state, replicated)
   start_step = int(state['step'])
 

@@ -511,6 +511,30 @@ class TestFirstRun:
         jax.tree_util.tree_leaves(fresh))]
     assert all(changed)
 
+  def test_init_from_exported_model(self, first_run, tmp_path):
+    # A new model_dir starts from the exported params (fresh optimizer, step 0).
+    _, printed = _run(tmp_path / 'continued', num_steps=1,
+                      init_from_dir=first_run['export_dir'])
+    assert 'Resumed' not in printed
+    state = _manager(str(tmp_path / 'continued')).restore(
+        1, args=ocp.args.StandardRestore(_abstract_state()))
+    _, exported = checkpoints.load_compact(first_run['export_dir'])
+    # One step of training from the exported params stays close to them,
+    # much closer than a fresh initialisation is.
+    fresh = network.init_params(CFG, jax.random.PRNGKey(0))
+    for got, start, far in zip(jax.tree_util.tree_leaves(state['params']),
+                               jax.tree_util.tree_leaves(exported),
+                               jax.tree_util.tree_leaves(fresh)):
+      near = np.abs(np.asarray(got) - np.asarray(start)).max()
+      assert near < 0.5 * np.abs(np.asarray(far) - np.asarray(start)).max() + 1e-6
+
+  def test_init_from_mismatched_config(self, first_run, tmp_path):
+    other = network.t5_1_1_config('tiny', vocab_size=CFG.vocab_size,
+                                  dropout_rate=0.0, emb_dim=16)
+    with pytest.raises(ValueError, match='different config'):
+      train.train(str(tmp_path / 'x'), other, **dict(
+          RUN_KWARGS, num_steps=1, init_from_dir=first_run['export_dir']))
+
   def test_export(self, first_run):
     config, params = checkpoints.load_compact(first_run['export_dir'])
     assert config == CFG
