@@ -318,12 +318,12 @@ def _check_cache_length(cache, length: int, cache_offset: int, name: str) -> Non
             f'{length}: build the cache with max_decode_length >= {length}.')
 
 
-def _logits_shape(tokens_to_logits, cache, sequences, k, name):
+def _logits_shape(tokens_to_logits, cache, sequences_shape, k, name):
   """Abstractly evaluates one k-token call: the vocab size, at no cost."""
-  rows = sequences.shape[0]
+  rows = sequences_shape[0]
   state = DecodingState(
       cur_index=jax.ShapeDtypeStruct((rows,), jnp.int32),
-      sequences=jax.ShapeDtypeStruct(sequences.shape, jnp.int32),
+      sequences=jax.ShapeDtypeStruct(sequences_shape, jnp.int32),
       cur_token=jax.ShapeDtypeStruct((rows, k), jnp.int32),
       cache=jax.tree_util.tree_map(
           lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)),
@@ -406,10 +406,10 @@ def speculative_sample(
   _check_cache_length(draft_cache, length, draft_cache_offset, 'draft_cache')
   buffer_len = length + gamma + 2
   target_shape = _logits_shape(tokens_to_logits, cache,
-                               jnp.zeros((batch_size, buffer_len)), gamma + 1,
+                               (batch_size, buffer_len), gamma + 1,
                                'tokens_to_logits')
   draft_shape = _logits_shape(draft_tokens_to_logits, draft_cache,
-                              jnp.zeros((batch_size, buffer_len)), 2,
+                              (batch_size, buffer_len), 2,
                               'draft_tokens_to_logits')
   if target_shape[-1] != draft_shape[-1]:
     raise ValueError(
