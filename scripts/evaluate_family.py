@@ -181,6 +181,10 @@ def main():
   for name, entry in report['models'].items():
     _write(os.path.join(args.models, name, 'MODEL_CARD.md'),
            model_card(name, loaded[name][0].config, entry, report))
+  for name in ('unigram', 'bigram'):
+    if name in report['acceptance']:
+      _write(os.path.join(args.models, name, 'MODEL_CARD.md'),
+             ngram_card(name, os.path.join(args.models, name), report))
   print(models_table(report))
   print(acceptance_table(report))
 
@@ -241,6 +245,25 @@ def model_card(name, config, entry, report):
 - Final validation loss: {ev.get('eval_loss', float('nan')):.4f}.
 - Test (greedy, first {report['max_examples']} examples): En→De BLEU {entry['test']['ende'].get('bleu', float('nan')):.2f};
   summarization ROUGE {json.dumps({k: round(v, 2) for k, v in entry['test']['summarize'].items()})}.
+- Made by `{report['command']}` on {report['date']}.
+"""
+
+
+def ngram_card(name, directory, report):
+  with open(os.path.join(directory, checkpoints.CONFIG_FILE)) as f:
+    meta = json.load(f)
+  rows = '\n'.join(
+      f"- {key}: α {e['alpha_sum_min_pq']:.3f}, {e['tokens_per_target_call']:.2f} tokens per target call"
+      + (f", greedy identical {e['identical_outputs']}" if 'identical_outputs' in e else '')
+      for key, e in report['acceptance'][name].items())
+  return f"""# Model card: {name}
+
+- An {name} language model over the target vocabulary, fitted from token counts of the training targets
+  (specdec/ngram.py; it ignores the encoder input). Config: {json.dumps(meta['ngram_config'])}.
+- Data: {json.dumps(meta.get('data', {}))}.
+- Built by `{meta.get('command', 'python scripts/build_ngram_drafters.py')}` (seconds on 2 CPU cores).
+- As a drafter for `target` (γ = {report['gamma']}, first {report['max_examples']} test examples per task):
+{rows}
 - Made by `{report['command']}` on {report['date']}.
 """
 

@@ -314,7 +314,8 @@ def train(model_dir: str,
   _append_log(os.path.join(model_dir, 'runs.jsonl'), {
       'started': time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(run_started)),
       'minutes': (time.time() - run_started) / 60, 'from_step': start_step,
-      'to_step': step, 'command': ' '.join(sys.argv)})
+      'to_step': step,
+      'command': ' '.join(['python -m specdec.train'] + sys.argv[1:])})
   if record is None or record['step'] != step:
     record = evaluate(step)
   if export_dir:
