@@ -248,7 +248,7 @@ def train(model_dir: str,
     updates, opt_state = optimizer.update(grads, state['opt_state'], state['params'])
     params = optax.apply_updates(state['params'], updates)
     metrics = dict(metrics, loss=loss,
-                   grad_norm=optax.tree_utils.tree_l2_norm(grads))
+                   grad_norm=optax.tree_utils.tree_norm(grads))
     return {'step': state['step'] + 1, 'params': params, 'opt_state': opt_state}, metrics
 
   eval_step = jax.jit(functools.partial(eval_loss, module))
