@@ -79,7 +79,8 @@ def quality(name, module, params, lengths, max_examples, batch_size):
   return out
 
 
-def acceptance(target, drafter, lengths, max_examples, batch_size, gamma):
+def acceptance(target, drafter, lengths, max_examples, batch_size, gamma,
+               temperatures=(0.0, 1.0)):
   """α and identity for one drafter on both tasks and temperatures."""
   (t_module, t_params), (d_module, d_params) = target, drafter
   params = {'target': t_params, 'drafter': d_params}
@@ -89,7 +90,7 @@ def acceptance(target, drafter, lengths, max_examples, batch_size, gamma):
   out = {}
   for key, task in TASKS.items():
     examples = evaluation.task_examples(task, 'test', lengths, max_examples)
-    for temperature in (0.0, 1.0):
+    for temperature in temperatures:
       dp = {'temperature': temperature, 'topk': 0}
       predict = spec.compile_predict(dict(dp, gamma=gamma, return_stats=True))
       base_predict = base.compile_predict(dp)
@@ -133,7 +134,12 @@ def main():
   parser.add_argument('--gamma', type=int, default=5)
   parser.add_argument('--inputs_length', type=int, default=96)
   parser.add_argument('--targets_length', type=int, default=48)
+  parser.add_argument('--temperatures', default='0,1',
+                      help='comma-separated decode temperatures for the acceptance runs')
+  parser.add_argument('--no_cards', action='store_true',
+                      help='do not (re)write the MODEL_CARD.md files')
   args = parser.parse_args()
+  temperatures = tuple(float(t) for t in args.temperatures.split(','))
   lengths = {'inputs': args.inputs_length, 'targets': args.targets_length}
   command = 'python scripts/evaluate_family.py ' + ' '.join(sys.argv[1:])
   started = time.time()
@@ -170,7 +176,7 @@ def main():
     print(f'  drafter {name}:', flush=True)
     report['acceptance'][name] = acceptance(
         loaded['target'], loaded[name], lengths, args.max_examples,
-        args.batch_size, args.gamma)
+        args.batch_size, args.gamma, temperatures)
   report['seconds'] = time.time() - started
 
   os.makedirs(args.results, exist_ok=True)
@@ -178,11 +184,11 @@ def main():
          json.dumps(report, indent=2, sort_keys=True))
   _write(os.path.join(args.results, 'models.md'), models_table(report))
   _write(os.path.join(args.results, 'acceptance.md'), acceptance_table(report))
-  for name, entry in report['models'].items():
+  for name, entry in ({} if args.no_cards else report['models']).items():
     _write(os.path.join(args.models, name, 'MODEL_CARD.md'),
            model_card(name, loaded[name][0].config, entry, report))
   for name in ('unigram', 'bigram'):
-    if name in report['acceptance']:
+    if name in report['acceptance'] and not args.no_cards:
       _write(os.path.join(args.models, name, 'MODEL_CARD.md'),
              ngram_card(name, os.path.join(args.models, name), report))
   print(models_table(report))
