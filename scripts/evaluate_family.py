@@ -47,10 +47,7 @@ PAPER_DRAFTER_FOR = {'d3': 'small', 'd2': 'base', 'd1': 'large',
 
 
 def _write(path, text):
-  tmp = path + '.tmp'
-  with open(tmp, 'w') as f:
-    f.write(text)
-  os.replace(tmp, path)
+  checkpoints.atomic_write(path, text.encode())
 
 
 def _param_count(params):

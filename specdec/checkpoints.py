@@ -26,7 +26,8 @@ CONFIG_FILE = 'config.json'
 PARAMS_FILE = 'params.msgpack'
 
 
-def _atomic_write(path: str, data: bytes) -> None:
+def atomic_write(path: str, data: bytes) -> None:
+  """Writes `data` to `path` via a temp file and a rename (readable by all)."""
   directory = os.path.dirname(os.path.abspath(path))
   os.makedirs(directory, exist_ok=True)
   with tempfile.NamedTemporaryFile('wb', dir=directory, delete=False) as f:
@@ -62,9 +63,9 @@ def save_compact(directory: str, config: network.T5Config, params: PyTree,
     if clash:
       raise ValueError(f'extra metadata may not replace {sorted(clash)}.')
     meta.update(extra)
-  _atomic_write(os.path.join(directory, PARAMS_FILE),
+  atomic_write(os.path.join(directory, PARAMS_FILE),
                 flax.serialization.msgpack_serialize(flax.core.unfreeze(stored)))
-  _atomic_write(os.path.join(directory, CONFIG_FILE),
+  atomic_write(os.path.join(directory, CONFIG_FILE),
                 json.dumps(meta, indent=2, sort_keys=True).encode())
 
 
@@ -120,7 +121,7 @@ def load_module_and_params(directory: str):
   A compact T5 model (config.json + params.msgpack) or an n-gram drafter
   (config.json + counts.npz).
   """
-  from specdec import ngram  # pylint: disable=g-import-not-at-top
+  from specdec import ngram  # pylint: disable=g-import-not-at-top  (ngram imports this module)
   if not os.path.isdir(directory):
     raise FileNotFoundError(f'No model directory at {directory}.')
   if ngram.is_ngram_dir(directory):

@@ -13,13 +13,12 @@ numbers show the mechanics.
 
 import argparse
 import json
-import os
-import tempfile
 import time
 
 import jax
 import numpy as np
 
+from specdec import checkpoints
 from specdec import decoding
 from specdec import models
 from specdec import network
@@ -45,15 +44,6 @@ def _median_time(fn, repeats):
     jax.block_until_ready(fn())
     times.append(time.perf_counter() - start)
   return float(np.median(times))
-
-
-def _write_json_atomic(path, obj):
-  directory = os.path.dirname(os.path.abspath(path))
-  os.makedirs(directory, exist_ok=True)
-  with tempfile.NamedTemporaryFile('w', dir=directory, delete=False) as f:
-    json.dump(obj, f, indent=2)
-  os.chmod(f.name, 0o644)
-  os.replace(f.name, path)
 
 
 def run(gamma=4, batch=4, input_len=16, decode_len=32, repeats=3, seed=0):
@@ -145,7 +135,8 @@ def main(argv=None):
              args.repeats, args.seed)
   _print_table(rows)
   if args.json:
-    _write_json_atomic(args.json, {'args': vars(args), 'rows': rows})
+    checkpoints.atomic_write(
+        args.json, json.dumps({'args': vars(args), 'rows': rows}, indent=2).encode())
   if not all(r.get('identical_outputs', True) for r in rows):
     raise SystemExit('Greedy speculative outputs differ from the baseline.')
 

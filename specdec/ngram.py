@@ -14,13 +14,15 @@ format: config.json + counts.npz; the dense [V, V] table is built on load.
 
 import dataclasses
 import json
+import io
 import os
-import tempfile
 from typing import Iterable, Optional, Tuple
 
 import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
+
+from specdec import checkpoints
 
 CONFIG_FILE = 'config.json'
 COUNTS_FILE = 'counts.npz'
@@ -136,17 +138,12 @@ class NgramLM(nn.Module):
 def save(directory: str, config: NgramConfig, unigram: np.ndarray,
          bigram: np.ndarray, extra: Optional[dict] = None) -> None:
   """Writes config.json and counts.npz atomically."""
-  os.makedirs(directory, exist_ok=True)
-  with tempfile.NamedTemporaryFile('wb', dir=directory, delete=False,
-                                   suffix='.npz') as f:
-    np.savez_compressed(f, unigram=unigram, bigram=bigram)
-  os.chmod(f.name, 0o644)  # tempfile makes files private
-  os.replace(f.name, os.path.join(directory, COUNTS_FILE))
+  buffer = io.BytesIO()
+  np.savez_compressed(buffer, unigram=unigram, bigram=bigram)
+  checkpoints.atomic_write(os.path.join(directory, COUNTS_FILE), buffer.getvalue())
   meta = {'ngram_config': dataclasses.asdict(config), **(extra or {})}
-  with tempfile.NamedTemporaryFile('w', dir=directory, delete=False) as f:
-    json.dump(meta, f, indent=2, sort_keys=True)
-  os.chmod(f.name, 0o644)
-  os.replace(f.name, os.path.join(directory, CONFIG_FILE))
+  checkpoints.atomic_write(os.path.join(directory, CONFIG_FILE),
+                           json.dumps(meta, indent=2, sort_keys=True).encode())
 
 
 def is_ngram_dir(directory: str) -> bool:

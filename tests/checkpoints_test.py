@@ -188,8 +188,8 @@ class TestAtomicWrites:
 
   def test_atomic_write_replaces_file(self, tmp_path):
     path = tmp_path / 'sub' / 'file.bin'
-    checkpoints._atomic_write(str(path), b'first, longer contents')
-    checkpoints._atomic_write(str(path), b'second')
+    checkpoints.atomic_write(str(path), b'first, longer contents')
+    checkpoints.atomic_write(str(path), b'second')
     assert path.read_bytes() == b'second'
     assert os.listdir(tmp_path / 'sub') == ['file.bin']
 
@@ -204,7 +204,7 @@ class TestAtomicWrites:
 
     monkeypatch.setattr(os, 'replace', spy)
     path = tmp_path / 'file.bin'
-    checkpoints._atomic_write(str(path), b'payload')
+    checkpoints.atomic_write(str(path), b'payload')
     assert len(renames) == 1
     src, dst, data = renames[0]
     assert os.path.abspath(dst) == str(path)
