@@ -203,6 +203,8 @@ def temperature_sample(
     initial_index = _expand(initial_index, num_decodes)
   rows, length = inputs.shape
   max_len_b = _max_decode_len(inputs, max_decode_steps)
+  # Known-greedy decoding takes argmax without drawing random numbers.
+  static_greedy = sampling.static_greedy(temperature) is True
 
   # Two extra slots: the position after L, and a garbage slot that rows
   # which already reached their limit keep overwriting (as T5X).
@@ -233,7 +235,7 @@ def temperature_sample(
     if logit_callback_fn is not None:
       logits = logit_callback_fn(logits, state)
     logp_bv = sampling.adjusted_log_probs(logits, temperature, topk, topp)
-    sampled_b = sampling.sample(step_rng, logp_bv)
+    sampled_b = sampling.sample(step_rng, logp_bv, greedy=static_greedy)
     score_logp_bv = (logp_bv if rescale_log_probs
                      else jax.nn.log_softmax(logits.astype(jnp.float32)))
 
@@ -423,6 +425,8 @@ def speculative_sample(
   rows = inputs.shape[0]
   max_len_b = _max_decode_len(inputs, max_decode_steps)
   greedy = sampling.is_greedy(temperature)
+  # Known-greedy exact decoding: drafts and verdicts by argmax, q never needed.
+  fast_greedy = sampling.static_greedy(temperature) is True and lenience == 1.0
   adjust = functools.partial(sampling.adjusted_log_probs,
                              temperature=temperature, topk=topk, topp=topp)
   row_ids = jnp.arange(rows)[:, None]
@@ -458,8 +462,8 @@ def speculative_sample(
       pos_b = i_b + 1 + j
       forced_token_b = state.sequences[jnp.arange(rows), pos_b]
       token_b = jnp.where(forced0[jnp.arange(rows), pos_b], forced_token_b,
-                          sampling.sample(draft_rngs[j], logq_bv))
-      return token_b, logq_bv
+                          sampling.sample(draft_rngs[j], logq_bv, greedy=fast_greedy))
+      return token_b, (None if fast_greedy else logq_bv)
 
     token_b, logq_bv = draft_one(0, logits_bv)
 
@@ -475,7 +479,7 @@ def speculative_sample(
     (_, draft_cache), (rest_gb, rest_logq_gbv) = lax.scan(
         scan_fn, (token_b, draft_cache), jnp.arange(1, gamma))
     drafts_bg = jnp.concatenate([token_b[:, None], rest_gb.T], axis=1)
-    logq_bgv = jnp.concatenate(
+    logq_bgv = None if fast_greedy else jnp.concatenate(
         [logq_bv[:, None], jnp.swapaxes(rest_logq_gbv, 0, 1)], axis=1)
     return rng, drafts_bg, logq_bgv, draft_cache
 
@@ -497,7 +501,7 @@ def speculative_sample(
     forced_bk = forced0[row_ids, pos_bk]
     verdict = sampling.verify(
         verify_rng, drafts_bg, logq_bgv, logp_bkv, lenience=lenience,
-        forced_bg=forced_bk[:, :gamma], greedy=greedy,
+        forced_bg=forced_bk[:, :gamma], greedy=True if fast_greedy else greedy,
         target_logits_bgv=logits_bkv)
     n_b = verdict.num_accepted_b
 

@@ -78,6 +78,18 @@ def is_greedy(temperature: Scalar) -> jax.Array:
   return jnp.asarray(temperature) <= MIN_TEMPERATURE
 
 
+def static_greedy(temperature: Scalar) -> bool | None:
+  """True / False when argmax decoding is known at trace time, None if not.
+
+  Greedy when the temperature is a concrete number <= MIN_TEMPERATURE (p is
+  then the one-hot of argmax(logits)). A traced temperature leaves it to run
+  time (None). (topk=1 is not taken as greedy: exact ties keep several tokens.)
+  """
+  if isinstance(temperature, jax.core.Tracer):
+    return None
+  return bool(np.all(np.asarray(temperature) <= MIN_TEMPERATURE))
+
+
 def adjusted_log_probs(logits_xv: jax.Array, temperature: Scalar = 1.0,
                        topk: int = 0, topp: Scalar = 0.0) -> jax.Array:
   """Log-probabilities of the distribution actually sampled from.
@@ -110,8 +122,15 @@ def adjusted_log_probs(logits_xv: jax.Array, temperature: Scalar = 1.0,
   return jnp.where(is_greedy(temperature), greedy_logp_xv, sampled_logp_xv)
 
 
-def sample(rng: jax.Array, logp_xv: jax.Array) -> jax.Array:
-  """Draws one token per row from (possibly unnormalised) log-probabilities."""
+def sample(rng: jax.Array, logp_xv: jax.Array, greedy: bool = False) -> jax.Array:
+  """Draws one token per row from (possibly unnormalised) log-probabilities.
+
+  With `greedy=True` (a static promise that `logp_xv` is an argmax one-hot,
+  see `static_greedy`) it takes the argmax without drawing random numbers:
+  the same token, as T5X's zero-temperature branch.
+  """
+  if greedy:
+    return jnp.argmax(logp_xv, axis=-1).astype(jnp.int32)
   return jax.random.categorical(rng, logp_xv, axis=-1).astype(jnp.int32)
 
 
@@ -167,9 +186,31 @@ class Verdict(NamedTuple):
   overlap_bg: jax.Array
 
 
+def verify_greedy(drafts_bg: jax.Array, target_logp_bgv: jax.Array,
+                  forced_bg: jax.Array | None = None) -> Verdict:
+  """`verify` when p and q are argmax one-hots (temperature 0), lenience 1.
+
+  The general rule reduces to: keep x_j iff x_j = argmax p_j; the residual
+  norm(max(0, p - q)) at a rejection and the bonus p_{γ+1} are both the
+  one-hot of argmax p; Σ min(p, q) is 1 iff the draft (= argmax q, for a
+  sampled draft) equals argmax p. Same Verdict as `verify`, without drawing
+  random numbers or touching q.
+  """
+  gamma = drafts_bg.shape[1]
+  target_argmax_bk = jnp.argmax(target_logp_bgv, axis=-1).astype(jnp.int32)
+  keep_bg = drafts_bg == target_argmax_bk[:, :gamma]
+  overlap_bg = keep_bg.astype(jnp.float32)
+  if forced_bg is not None:
+    keep_bg = keep_bg | forced_bg
+  accepted_bg = jnp.cumprod(keep_bg.astype(jnp.int32), axis=1).astype(bool)
+  num_accepted_b = jnp.sum(accepted_bg, axis=1).astype(jnp.int32)
+  next_token_b = jnp.take_along_axis(target_argmax_bk, num_accepted_b[:, None], axis=1)[:, 0]
+  return Verdict(num_accepted_b, next_token_b, accepted_bg, overlap_bg)
+
+
 def verify(rng: jax.Array,
            drafts_bg: jax.Array,
-           draft_logq_bgv: jax.Array,
+           draft_logq_bgv: jax.Array | None,
            target_logp_bgv: jax.Array,
            *,
            lenience: float = 1.0,
@@ -181,14 +222,17 @@ def verify(rng: jax.Array,
   Args:
     rng: PRNG key for the uniforms r_i and the final sample.
     drafts_bg: [B, γ] drafted tokens x_1..x_γ.
-    draft_logq_bgv: [B, γ, V] adjusted log q_i each draft was sampled from.
+    draft_logq_bgv: [B, γ, V] adjusted log q_i each draft was sampled from
+      (may be None on the static greedy path).
     target_logp_bgv: [B, γ+1, V] adjusted log p_1..p_{γ+1} from one target call.
     lenience: l in (0, 1]; 1 is exact. l < 1 is the paper's approximate
       variant (Appendix A.5): keep with min(1, p / (l q)), and at argmax keep x
       iff p(x) >= l * max p, where p is softmax(target_logits_bgv).
     forced_bg: [B, γ] drafts that are given (teacher-forced prompt tokens):
       always kept.
-    greedy: whether p and q are argmax one-hots (only used with lenience < 1).
+    greedy: whether p and q are argmax one-hots. Python True (static) with
+      lenience 1 takes `verify_greedy` (no random numbers, q not needed);
+      a traced value is only used with lenience < 1.
     target_logits_bgv: raw target logits, needed for lenient argmax.
 
   Returns:
@@ -198,6 +242,10 @@ def verify(rng: jax.Array,
   if target_logp_bgv.shape[1] != gamma + 1:
     raise ValueError(f'target_logp_bgv must hold γ+1 = {gamma + 1} positions, '
                      f'got {target_logp_bgv.shape[1]}.')
+  if greedy is True and lenience == 1.0:
+    return verify_greedy(drafts_bg, target_logp_bgv, forced_bg)
+  if draft_logq_bgv is None:
+    raise ValueError('draft_logq_bgv is needed unless greedy is True and lenience == 1.')
   u_rng, sample_rng = jax.random.split(rng)
   logp_bgv = target_logp_bgv[:, :gamma]
   logp_draft_bg = token_log_prob(logp_bgv, drafts_bg)

@@ -281,3 +281,39 @@ class TestVerify:
     with pytest.raises(ValueError, match='γ\\+1'):
       sampling.verify(jax.random.PRNGKey(0), jnp.zeros((1, 2), jnp.int32),
                       jnp.zeros((1, 2, V)), jnp.zeros((1, 2, V)))
+
+
+@pytest.mark.parametrize('seed', range(4))
+def test_verify_greedy_equals_general_verify_on_one_hots(seed):
+  """The static greedy path gives the general rule's verdict on argmax one-hots."""
+  batch, gamma, vocab = 16, 5, 7
+  k1, k2, k3, k4, k5 = jax.random.split(jax.random.PRNGKey(seed), 5)
+  target_logits = jax.random.normal(k1, (batch, gamma + 1, vocab))
+  draft_logits = jax.random.normal(k2, (batch, gamma, vocab))
+  # Make the drafter agree with the target on a random subset of positions.
+  agree = jax.random.bernoulli(k3, 0.6, (batch, gamma, 1))
+  draft_logits = jnp.where(agree, target_logits[:, :gamma], draft_logits)
+  logp = sampling.adjusted_log_probs(target_logits, 0.0)
+  logq = sampling.adjusted_log_probs(draft_logits, 0.0)
+  drafts = jnp.argmax(draft_logits, -1).astype(jnp.int32)
+  forced = jax.random.bernoulli(k4, 0.1, (batch, gamma))
+  general = sampling.verify(k5, drafts, logq, logp, forced_bg=forced,
+                            greedy=sampling.is_greedy(0.0))
+  fast = sampling.verify(k5, drafts, None, logp, forced_bg=forced, greedy=True)
+  for a, b in zip(general, fast):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  assert 0 < int(fast.num_accepted_b.sum()) < batch * gamma  # not a trivial case
+
+
+def test_static_greedy():
+  assert sampling.static_greedy(0.0) is True
+  assert sampling.static_greedy(1.0) is False
+  assert sampling.static_greedy(np.zeros(3)) is True
+  seen = []
+  jax.jit(lambda t: seen.append(sampling.static_greedy(t)) or t)(0.0)
+  assert seen == [None]
+
+
+def test_sample_greedy_takes_argmax_without_randomness():
+  logp = sampling.adjusted_log_probs(jnp.array([[0.1, 3.0, -1.0], [2.0, 0.0, 1.0]]), 0.0)
+  np.testing.assert_array_equal(sampling.sample(None, logp, greedy=True), [1, 0])
