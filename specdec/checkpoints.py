@@ -1,17 +1,29 @@
-"""Model files: the compact format the shipped CPU models use, and Orbax training state.
+"""Model files: the compact format, Orbax, T5X and Hugging Face checkpoints.
 
-Compact format (one directory per model):
+Compact format (one directory per model, the shipped CPU models):
   config.json      the `network.T5Config` fields (dtype by name)
   params.msgpack   the T5X-shaped param tree, stored in `storage_dtype`
                    (bfloat16 by default) with flax.serialization
 Loading casts back to float32. Writes are atomic (temp file, then rename).
+
+One entry point reads params of any format onto devices, each device reading
+only its shard (`restore_params`; see docs/checkpoints.md):
+  'compact'  the format above (read whole: small models only)
+  'orbax'    a params-only Orbax checkpoint (`save_params_orbax`), or a
+             training state ({'step', 'params', 'opt_state'}) of
+             `training_checkpoint_manager`: its step, item or manager directory
+  't5x'      a T5X `checkpoint_<step>/` directory (t5x_checkpoint.py)
+  'hf'       a Hugging Face T5 directory, config.json + safetensors
+             (hf_checkpoint.py)
 """
 
 import dataclasses
+import functools
 import json
 import os
+import re
 import tempfile
-from typing import Any, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 import flax
 import jax
@@ -19,7 +31,9 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from specdec import hf_checkpoint
 from specdec import network
+from specdec import t5x_checkpoint
 
 PyTree = Any
 CONFIG_FILE = 'config.json'
@@ -128,3 +142,260 @@ def load_module_and_params(directory: str):
     return ngram.load(directory)
   config, params = load_compact(directory)
   return network.Transformer(config), params
+
+
+# -----------------------------------------------------------------------------
+# Any format: detection and sharded restore.
+# -----------------------------------------------------------------------------
+
+FORMATS = ('compact', 'orbax', 't5x', 'hf')
+# Files of an Orbax item (a manager's step directory has neither).
+_ORBAX_MARKERS = ('_METADATA', 'manifest.ocdbt')
+# Fields that change what the network computes but no param shape.
+_FUNCTION_FIELDS = ('mlp_activations', 'logits_via_embedding',
+                    'relative_attention_max_distance')
+
+
+def _is_orbax_item(path: str) -> bool:
+  return any(os.path.isfile(os.path.join(path, m)) for m in _ORBAX_MARKERS)
+
+
+def _orbax_item_dir(path: str) -> Optional[str]:
+  """The Orbax item directory for `path`, or None if it is not Orbax.
+
+  `path` may be the item itself (`save_params_orbax`), a step directory of a
+  CheckpointManager (its 'default' item) or the manager's directory (the
+  latest step).
+  """
+  if not os.path.isdir(path):
+    return None
+  if _is_orbax_item(path):
+    return path
+  if _is_orbax_item(os.path.join(path, 'default')):
+    return os.path.join(path, 'default')
+  steps = sorted((int(n), n) for n in os.listdir(path) if re.fullmatch(r'\d+', n)
+                 and _is_orbax_item(os.path.join(path, n, 'default')))
+  if steps:
+    return os.path.join(path, steps[-1][1], 'default')
+  return None
+
+
+def detect_format(path: str) -> str:
+  """'compact' | 'orbax' | 't5x' | 'hf' for a checkpoint path.
+
+  gs:// paths are taken to be T5X (`.../checkpoint_<step>`): the only format
+  read from GCS here. Raises FileNotFoundError / ValueError when `path` is
+  none of them.
+  """
+  if t5x_checkpoint.is_remote(path):
+    if t5x_checkpoint.looks_like_t5x(path):
+      return 't5x'
+    raise ValueError(f'{path}: only T5X checkpoints (.../checkpoint_<step>) '
+                     'are read from remote storage.')
+  if not os.path.exists(path):
+    raise FileNotFoundError(f'No checkpoint at {path}.')
+  if (os.path.isfile(os.path.join(path, PARAMS_FILE)) and
+      os.path.isfile(os.path.join(path, CONFIG_FILE))):
+    return 'compact'
+  if _orbax_item_dir(path):
+    return 'orbax'
+  if t5x_checkpoint.looks_like_t5x(path):
+    return 't5x'
+  if hf_checkpoint.looks_like_hf(path):
+    return 'hf'
+  raise ValueError(
+      f'{path} is not a checkpoint this project reads: expected {CONFIG_FILE} + '
+      f'{PARAMS_FILE} (compact), an Orbax checkpoint, a T5X checkpoint_<step> '
+      f'directory (with a {t5x_checkpoint.CHECKPOINT_FILE!r} file) or a '
+      f'Hugging Face directory ({hf_checkpoint.CONFIG_FILE} + '
+      f'{hf_checkpoint.WEIGHTS_FILE} or {hf_checkpoint.INDEX_FILE}).')
+
+
+@functools.lru_cache(maxsize=8)
+def expected_params(config: network.T5Config) -> PyTree:
+  """The params tree of `config` as ShapeDtypeStructs (nothing allocated).
+
+  Cached per config (tracing the init costs about a second); do not mutate.
+  """
+  return jax.eval_shape(
+      lambda: network.init_params(config, jax.random.PRNGKey(0)))
+
+
+def _flat(tree: PyTree) -> Dict[str, Any]:
+  return flax.traverse_util.flatten_dict(flax.core.unfreeze(tree), sep='/')
+
+
+def _validate(leaves: Mapping[str, Any], config: network.T5Config,
+              where: str) -> None:
+  """Raises ValueError if `leaves` ({path: .shape/.dtype}) do not fit config."""
+  embedding = leaves.get('token_embedder/embedding')
+  if embedding is not None and len(embedding.shape) == 2 and (
+      embedding.shape[0] != config.vocab_size):
+    raise ValueError(
+        f'Vocabulary size mismatch: {where} has {embedding.shape[0]} token '
+        f'embeddings (token_embedder/embedding {tuple(embedding.shape)}) but '
+        f'config.vocab_size={config.vocab_size}.')
+  check_param_shapes(flax.traverse_util.unflatten_dict(dict(leaves), sep='/'),
+                     expected_params(config), where=where)
+  for name, leaf in sorted(leaves.items()):
+    if not jnp.issubdtype(np.dtype(leaf.dtype), jnp.floating):
+      raise ValueError(f'{name} in {where} has dtype {np.dtype(leaf.dtype).name}; '
+                       'params must be floating point.')
+
+
+def _flat_shardings(shardings, names) -> Dict[str, jax.sharding.Sharding]:
+  """One Sharding per leaf: None (first local device), one for all, or a tree."""
+  if shardings is None:
+    shardings = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  if isinstance(shardings, jax.sharding.Sharding):
+    return {name: shardings for name in names}
+  flat = _flat(shardings)
+  missing = sorted(set(names) - set(flat))
+  if missing:
+    raise ValueError(f'shardings has no entry for {missing[:10]}'
+                     + (f' (and {len(missing) - 10} more)' if len(missing) > 10 else '')
+                     + ': pass a tree matching the params, or one Sharding.')
+  return {name: flat[name] for name in names}
+
+
+def _param_dtype(dtype) -> np.dtype:
+  dtype = np.dtype(jnp.float32 if dtype is None else jnp.dtype(dtype))
+  if not jnp.issubdtype(dtype, jnp.floating):
+    raise ValueError(f'dtype must be a floating dtype, got {dtype.name}.')
+  return dtype
+
+
+def _make_array(name: str, leaf, sharding: jax.sharding.Sharding,
+                dtype: np.dtype, where: str) -> jax.Array:
+  """A global jax.Array whose devices each read only their slice of `leaf`."""
+  read = {}  # Replicated shards are read once per host.
+
+  def shard(index):
+    key = tuple((s.start, s.stop, s.step) if isinstance(s, slice) else s
+                for s in index)
+    if key not in read:
+      try:
+        read[key] = np.asarray(leaf[index]).astype(dtype, copy=False)
+      except Exception as e:  # TensorStore / safetensors / OS errors.
+        raise OSError(f'Reading {name} from {where} failed: {e}') from e
+    return read[key]
+
+  return jax.make_array_from_callback(tuple(leaf.shape), sharding, shard)
+
+
+def _compact_leaves(directory: str, config: network.T5Config) -> Dict[str, Any]:
+  stored = load_config(directory)
+  diff = [f'{k}: {getattr(stored, k)!r} in the file, {getattr(config, k)!r} '
+          'requested' for k in _FUNCTION_FIELDS
+          if getattr(stored, k) != getattr(config, k)]
+  if diff:
+    raise ValueError(f'Config does not match {directory}: ' + '; '.join(diff))
+  path = os.path.join(directory, PARAMS_FILE)
+  if not os.path.exists(path):
+    raise FileNotFoundError(f'No params at {path}.')
+  with open(path, 'rb') as f:
+    return {k: np.asarray(v) for k, v in
+            _flat(flax.serialization.msgpack_restore(f.read())).items()}
+
+
+def _orbax_metadata_tree(item_dir: str) -> PyTree:
+  # Orbax versions differ: a tree, or StepMetadata.item_metadata(.tree).
+  meta = ocp.PyTreeCheckpointer().metadata(item_dir)
+  meta = getattr(meta, 'item_metadata', meta)
+  return getattr(meta, 'tree', meta)
+
+
+def _restore_orbax(path: str, config: network.T5Config, shardings,
+                   dtype: np.dtype) -> PyTree:
+  """Params from an Orbax item: params-only, or a training state's 'params'."""
+  item_dir = _orbax_item_dir(path)
+  tree = _orbax_metadata_tree(item_dir)
+  prefix = ('params',) if 'params' in tree and 'token_embedder' not in tree else ()
+  params_meta = tree['params'] if prefix else tree
+  leaves = _flat(params_meta)
+  _validate(leaves, config, where=item_dir)
+  flat_shardings = _flat_shardings(shardings, leaves)
+  unflat = lambda f: flax.traverse_util.unflatten_dict(f, sep='/')
+  item = unflat({k: jax.ShapeDtypeStruct(tuple(v.shape), dtype,
+                                         sharding=flat_shardings[k])
+                 for k, v in leaves.items()})
+  restore_args = jax.tree_util.tree_map(
+      lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding, dtype=x.dtype,
+                                     global_shape=x.shape), item)
+  if prefix:
+    item, restore_args = {'params': item}, {'params': restore_args}
+  restored = ocp.PyTreeCheckpointer().restore(
+      item_dir, args=ocp.args.PyTreeRestore(
+          item=item, restore_args=restore_args, partial_restore=bool(prefix)))
+  return restored['params'] if prefix else restored
+
+
+def restore_params(path: str, config: network.T5Config, shardings=None,
+                   dtype=None) -> PyTree:
+  """Params of `config` from a checkpoint of any format, placed by `shardings`.
+
+  Args:
+    path: a compact model directory, an Orbax checkpoint, a T5X
+      `checkpoint_<step>` directory (local or gs://) or a Hugging Face T5
+      directory (`detect_format`).
+    config: the network the params are for; every leaf is checked against
+      `jax.eval_shape` of its init before anything is read.
+    shardings: None (all on the first local device), one
+      `jax.sharding.Sharding` for every leaf, or a tree of them matching the
+      params. Each device reads only its own slice of each array
+      (`jax.make_array_from_callback`), so no host holds a whole large model.
+    dtype: the params' dtype (default float32), cast as they are read.
+
+  Returns:
+    The params tree {'token_embedder', 'encoder', 'decoder'} of jax.Arrays.
+
+  Raises:
+    FileNotFoundError: the checkpoint, or a file one of its leaves is in, is
+      missing (the leaf is named).
+    ValueError: vocabulary size mismatch; missing, unexpected or mis-shaped
+      leaves; non-float leaves; a config that would compute something else
+      than the checkpoint's model.
+  """
+  dtype = _param_dtype(dtype)
+  fmt = detect_format(path)
+  if fmt == 'orbax':
+    return _restore_orbax(path, config, shardings, dtype)
+  if fmt == 'compact':
+    leaves = _compact_leaves(path, config)
+  elif fmt == 't5x':
+    leaves = t5x_checkpoint.open_leaves(path)
+  else:
+    leaves = hf_checkpoint.open_leaves(path, config)
+  _validate(leaves, config, where=path)
+  flat_shardings = _flat_shardings(shardings, leaves)
+  arrays = {name: _make_array(name, leaf, flat_shardings[name], dtype, path)
+            for name, leaf in leaves.items()}
+  return flax.traverse_util.unflatten_dict(arrays, sep='/')
+
+
+def save_params_orbax(path: str, params: PyTree, force: bool = False) -> None:
+  """Writes a params-only Orbax checkpoint (sharded arrays written per shard).
+
+  `restore_params(path, config, shardings)` reads it back onto any sharding.
+  An existing `path` raises unless `force`.
+  """
+  checkpointer = ocp.StandardCheckpointer()
+  checkpointer.save(os.path.abspath(path), params, force=force)
+  checkpointer.wait_until_finished()
+  checkpointer.close()
+
+
+def save_t5x(checkpoint_dir: str, params: PyTree, step: int = 0,
+             dtype=None) -> str:
+  """Exports params as a T5X checkpoint (see t5x_checkpoint.save)."""
+  return t5x_checkpoint.save(checkpoint_dir, params, step=step, dtype=dtype)
+
+
+def load_config_for(path: str) -> Optional[network.T5Config]:
+  """The config a checkpoint records: compact and HF do; T5X and Orbax don't (None)."""
+  fmt = detect_format(path)
+  if fmt == 'compact':
+    return load_config(path)
+  if fmt == 'hf':
+    return hf_checkpoint.config_from_hf(path)
+  return None

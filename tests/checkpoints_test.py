@@ -1,11 +1,14 @@
-"""Tests for specdec/checkpoints.py: the compact format and Orbax training state.
+"""Tests for specdec/checkpoints.py: the compact format, Orbax, and restore_params.
 
 CPU, float32, the 'tiny' preset with a small vocabulary (the format does not
-depend on the size).
+depend on the size). T5X and Hugging Face specifics: t5x_checkpoint_test.py,
+hf_checkpoint_test.py.
 """
 
 import json
 import os
+import subprocess
+import sys
 
 import flax
 import jax
@@ -354,3 +357,244 @@ class TestTrainingCheckpointManager:
     keep3.wait_until_finished()
     assert list(keep3.all_steps()) == [2, 3, 4]
     keep3.close()
+
+
+# -----------------------------------------------------------------------------
+# Any format: detect_format and restore_params.
+# -----------------------------------------------------------------------------
+
+
+def _assert_params_equal(got, want, dtype=jnp.float32):
+  got, want = _flat(got), _flat(want)
+  assert set(got) == set(want)
+  for k in want:
+    assert got[k].dtype == dtype, k
+    np.testing.assert_array_equal(np.asarray(got[k], np.float32),
+                                  np.asarray(want[k], np.float32), err_msg=k)
+
+
+@pytest.fixture(scope='module')
+def saved_formats(params, tmp_path_factory):
+  root = tmp_path_factory.mktemp('formats')
+  paths = {'compact': str(root / 'compact'), 'orbax': str(root / 'orbax'),
+           't5x': str(root / 'checkpoint_3')}
+  checkpoints.save_compact(paths['compact'], CFG, params, storage_dtype=jnp.float32)
+  checkpoints.save_params_orbax(paths['orbax'], params)
+  checkpoints.save_t5x(paths['t5x'], params, step=3)
+  return paths
+
+
+class TestDetectFormat:
+
+  @pytest.mark.parametrize('fmt', ['compact', 'orbax', 't5x'])
+  def test_formats(self, saved_formats, fmt):
+    assert checkpoints.detect_format(saved_formats[fmt]) == fmt
+
+  def test_training_manager_dirs_are_orbax(self, params, tmp_path):
+    manager = checkpoints.training_checkpoint_manager(str(tmp_path / 'ckpt'))
+    manager.save(5, args=ocp.args.StandardSave(
+        {'step': jnp.asarray(5), 'params': params, 'opt_state': ()}))
+    manager.wait_until_finished()
+    manager.close()
+    for path in (tmp_path / 'ckpt', tmp_path / 'ckpt' / '5',
+                 tmp_path / 'ckpt' / '5' / 'default'):
+      assert checkpoints.detect_format(str(path)) == 'orbax', path
+
+  def test_missing_path(self, tmp_path):
+    with pytest.raises(FileNotFoundError, match='No checkpoint at'):
+      checkpoints.detect_format(str(tmp_path / 'nothing'))
+
+  def test_unknown_directory(self, tmp_path):
+    (tmp_path / 'notes.txt').write_text('hi')
+    with pytest.raises(ValueError, match='not a checkpoint this project reads'):
+      checkpoints.detect_format(str(tmp_path))
+
+  def test_config_alone_is_not_a_model(self, params, tmp_path):
+    checkpoints.save_compact(str(tmp_path), CFG, params)
+    os.remove(tmp_path / checkpoints.PARAMS_FILE)
+    with pytest.raises(ValueError, match='not a checkpoint'):
+      checkpoints.detect_format(str(tmp_path))
+
+
+class TestRestoreParams:
+
+  @pytest.mark.parametrize('fmt', ['compact', 'orbax', 't5x'])
+  @pytest.mark.parametrize('dtype', [None, 'bfloat16'])
+  def test_every_format(self, saved_formats, params, fmt, dtype):
+    restored = checkpoints.restore_params(saved_formats[fmt], CFG, dtype=dtype)
+    want = params if dtype is None else jax.tree_util.tree_map(
+        lambda x: jnp.asarray(x, jnp.bfloat16), params)
+    _assert_params_equal(restored, want,
+                         jnp.float32 if dtype is None else jnp.bfloat16)
+    device = jax.local_devices()[0]
+    for x in jax.tree_util.tree_leaves(restored):
+      assert isinstance(x, jax.Array) and x.devices() == {device}
+
+  def test_compact_bfloat16_storage(self, params, tmp_path):
+    checkpoints.save_compact(str(tmp_path), CFG, params)
+    _, want = checkpoints.load_compact(str(tmp_path))
+    _assert_params_equal(checkpoints.restore_params(str(tmp_path), CFG), want)
+
+  def test_training_state_params(self, params, tmp_path):
+    """The 'params' of a training checkpoint, without the optimizer state."""
+    manager = checkpoints.training_checkpoint_manager(str(tmp_path / 'ckpt'))
+    for step in (1, 2):
+      manager.save(step, args=ocp.args.StandardSave(
+          {'step': jnp.asarray(step),
+           'params': jax.tree_util.tree_map(lambda x: x * step, params),
+           'opt_state': ({'mu': jnp.ones(3)},)}))
+    manager.wait_until_finished()
+    manager.close()
+    restored = checkpoints.restore_params(str(tmp_path / 'ckpt'), CFG)  # Latest.
+    _assert_params_equal(restored, jax.tree_util.tree_map(lambda x: x * 2, params))
+    restored = checkpoints.restore_params(str(tmp_path / 'ckpt' / '1'), CFG)
+    _assert_params_equal(restored, params)
+
+  def test_one_sharding_for_all(self, saved_formats, params):
+    sharding = jax.sharding.SingleDeviceSharding(jax.local_devices()[-1])
+    restored = checkpoints.restore_params(saved_formats['t5x'], CFG,
+                                          shardings=sharding)
+    assert all(x.sharding == sharding for x in jax.tree_util.tree_leaves(restored))
+    _assert_params_equal(restored, params)
+
+  def test_shardings_tree_must_cover_params(self, saved_formats):
+    sharding = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    tree = jax.tree_util.tree_map(lambda _: sharding,
+                                  checkpoints.expected_params(CFG))
+    del tree['decoder']['decoder_norm']
+    for fmt in ('t5x', 'orbax'):
+      with pytest.raises(ValueError, match=r"shardings has no entry for "
+                         r"\['decoder/decoder_norm/scale'\]"):
+        checkpoints.restore_params(saved_formats[fmt], CFG, shardings=tree)
+
+  def test_dtype_must_be_floating(self, saved_formats):
+    with pytest.raises(ValueError, match='floating dtype, got int32'):
+      checkpoints.restore_params(saved_formats['t5x'], CFG, dtype=jnp.int32)
+
+  @pytest.mark.parametrize('fmt', ['compact', 'orbax', 't5x'])
+  def test_vocab_mismatch(self, saved_formats, fmt):
+    other = network.t5_1_1_config('tiny', vocab_size=128)
+    with pytest.raises(ValueError, match=r'Vocabulary size mismatch: .* 64 '
+                       r'token embeddings .* config.vocab_size=128'):
+      checkpoints.restore_params(saved_formats[fmt], other)
+
+  def test_orbax_wrong_shape_and_missing_leaf(self, params, tmp_path):
+    tree = flax.core.unfreeze(jax.tree_util.tree_map(np.asarray, params))
+    tree['encoder']['layers_1']['mlp']['wo']['kernel'] = np.zeros((64, 31), np.float32)
+    del tree['decoder']['relpos_bias']
+    checkpoints.save_params_orbax(str(tmp_path / 'o'), tree)
+    with pytest.raises(ValueError) as e:
+      checkpoints.restore_params(str(tmp_path / 'o'), CFG)
+    assert 'missing decoder/relpos_bias/rel_embedding' in str(e.value)
+    assert ('encoder/layers_1/mlp/wo/kernel: shape (64, 31), expected (64, 32)'
+            in str(e.value))
+
+  def test_orbax_wrong_dtype(self, params, tmp_path):
+    tree = flax.core.unfreeze(jax.tree_util.tree_map(np.asarray, params))
+    tree['encoder']['encoder_norm']['scale'] = np.ones((32,), np.int32)
+    checkpoints.save_params_orbax(str(tmp_path / 'o'), tree)
+    with pytest.raises(ValueError, match='encoder/encoder_norm/scale .* int32'):
+      checkpoints.restore_params(str(tmp_path / 'o'), CFG)
+
+  def test_compact_config_mismatch(self, saved_formats):
+    relu = network.t5_1_1_config('tiny', vocab_size=64,
+                                 mlp_activations=('relu', 'linear'))
+    with pytest.raises(ValueError, match='mlp_activations'):
+      checkpoints.restore_params(saved_formats['compact'], relu)
+
+  def test_save_params_orbax_refuses_existing(self, saved_formats, params):
+    with pytest.raises(Exception, match='exists'):
+      checkpoints.save_params_orbax(saved_formats['orbax'], params)
+    checkpoints.save_params_orbax(saved_formats['orbax'], params, force=True)
+    assert checkpoints.detect_format(saved_formats['orbax']) == 'orbax'
+
+  def test_load_config_for(self, saved_formats):
+    assert checkpoints.load_config_for(saved_formats['compact']) == CFG
+    assert checkpoints.load_config_for(saved_formats['t5x']) is None
+
+
+# Runs with 4 fake CPU devices (XLA_FLAGS only in this subprocess).
+_SHARDED_SCRIPT = r'''
+import os, sys
+import jax
+import numpy as np
+import safetensors.numpy
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from specdec import checkpoints, hf_checkpoint, network, t5x_checkpoint
+
+assert jax.device_count() == 4, jax.devices()
+root = sys.argv[1]
+cfg = network.t5_1_1_config('tiny', vocab_size=64)
+rng = np.random.RandomState(0)
+params = jax.tree_util.tree_map(
+    lambda s: rng.normal(0, 0.5, s.shape).astype(np.float32),
+    checkpoints.expected_params(cfg))
+mesh = Mesh(np.array(jax.devices()).reshape(2, 2), ('data', 'model'))
+# T5X's 1-D parameter partitioning rules.
+rules = {'vocab': 'model', 'mlp': 'model', 'joined_kv': 'model', 'heads': 'model'}
+shardings = jax.tree_util.tree_map(
+    lambda spec: NamedSharding(mesh, P(*[rules.get(a) for a in spec])),
+    network.param_logical_axes(cfg), is_leaf=lambda x: isinstance(x, P))
+placed = jax.device_put(params, shardings)
+
+# Written shard by shard from the devices.
+t5x_dir = t5x_checkpoint.save(os.path.join(root, 'checkpoint_1'), placed)
+checkpoints.save_params_orbax(os.path.join(root, 'orbax'), placed)
+hf_dir = os.path.join(root, 'hf')
+os.makedirs(hf_dir)
+flat = checkpoints._flat(params)
+safetensors.numpy.save_file(
+    {theirs: np.ascontiguousarray(flat[ours].T if t else flat[ours])
+     for ours, (theirs, t) in hf_checkpoint.name_map(cfg).items()},
+    os.path.join(hf_dir, 'model.safetensors'))
+import json
+json.dump(dict(model_type='t5', vocab_size=64, d_model=32, d_kv=8, d_ff=64,
+               num_layers=2, num_heads=4, feed_forward_proj='gated-gelu',
+               tie_word_embeddings=False), open(os.path.join(hf_dir, 'config.json'), 'w'))
+
+reads = []
+for cls in (t5x_checkpoint.TensorStoreLeaf, hf_checkpoint.SafetensorsLeaf):
+  def spy(self, index, _get=cls.__getitem__):
+    out = _get(self, index)
+    reads.append((self.where, self.shape, out.shape))
+    return out
+  cls.__getitem__ = spy
+
+def check(restored, want_shardings):
+  got, want = checkpoints._flat(restored), checkpoints._flat(params)
+  wanted = checkpoints._flat(want_shardings)
+  for k in want:
+    assert got[k].sharding.is_equivalent_to(wanted[k], got[k].ndim), k
+    np.testing.assert_array_equal(np.asarray(got[k]), want[k], err_msg=k)
+  emb = got['token_embedder/embedding']
+  assert {s.data.shape for s in emb.addressable_shards} == {(32, 32)}
+
+for path in (t5x_dir, hf_dir, os.path.join(root, 'orbax')):
+  reads.clear()
+  check(checkpoints.restore_params(path, cfg, shardings), shardings)
+  if path != os.path.join(root, 'orbax'):
+    # Model-sharded leaves are read by halves, once per replica set.
+    emb_reads = [r for r in reads if r[0].endswith(('embedding', 'shared.weight'))]
+    assert sorted(r[2] for r in emb_reads) == [(32, 32), (32, 32)], emb_reads
+    assert all(r[2] != r[1] for r in reads if 'logits_dense' in r[0] or 'lm_head' in r[0]), reads
+
+# Another layout than the one written: replicated.
+replicated = jax.tree_util.tree_map(lambda _: NamedSharding(mesh, P()), shardings)
+for path in (t5x_dir, os.path.join(root, 'orbax')):
+  restored = checkpoints.restore_params(path, cfg, replicated)
+  for k, v in checkpoints._flat(restored).items():
+    assert v.sharding.is_fully_replicated, k
+    np.testing.assert_array_equal(np.asarray(v), checkpoints._flat(params)[k])
+print('SHARDED OK')
+'''
+
+
+def test_sharded_restore_on_a_mesh(tmp_path):
+  """A 2x2 mesh of CPU devices: each device holds (and reads) its shard only."""
+  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=4',
+             JAX_PLATFORMS='cpu')
+  result = subprocess.run([sys.executable, '-c', _SHARDED_SCRIPT, str(tmp_path)],
+                          env=env, capture_output=True, text=True, timeout=300,
+                          check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert 'SHARDED OK' in result.stdout
