@@ -11,7 +11,8 @@ setuptools.setup(
     long_description_content_type='text/markdown',
     python_requires='>=3.11',
     packages=setuptools.find_packages(include=['specdec', 'specdec.*']),
-    package_data={'specdec': ['assets/*.model', 'assets/*.vocab', 'assets/*.md']},
+    package_data={'specdec': ['assets/*.model', 'assets/*.vocab', 'assets/*.md',
+                             'assets/test_slices/*/*.jsonl', 'assets/test_slices/*.md']},
     install_requires=[
         'jax>=0.4.30',
         'flax>=0.10',
@@ -22,12 +23,17 @@ setuptools.setup(
         'sacrebleu',
         'rouge-score',
         'numpy',
+        'matplotlib',
+        'safetensors>=0.4',
+        'tensorstore>=0.1.60',
     ],
     extras_require={
-        'test': ['pytest', 'pytest-xdist', 'scipy'],
+        # torch pinned exactly: that CPU build is what the parity tests need (a newer spec pulls a CUDA build).
+        'test': ['pytest', 'pytest-xdist', 'scipy', 'torch==2.13.0', 'transformers>=5.24'],
     },
     entry_points={
         'console_scripts': [
+            'specdec=specdec.main:main',
             'specdec-demo=specdec.demo:main',
         ],
     },

@@ -1,5 +1,6 @@
 """T5X-style command-line flags for gin: `--gin_file=PATH` and `--gin.NAME=VALUE`."""
 
+import importlib.util
 import os
 from typing import List, Sequence, Tuple
 
@@ -39,8 +40,39 @@ def split_gin_args(argv: Sequence[str]) -> Tuple[List[str], List[str], List[str]
   return files, bindings, rest
 
 
+def _package_file_exists(config_path: str) -> bool:
+  """gin's package-resource existence check, without its failure modes.
+
+  gin reads `a/b/c.gin` as file c.gin of Python package `a.b`. From the repo root `models/` (model
+  checkpoints) is importable as a namespace package with no origin, where gin's own check raises TypeError;
+  elsewhere it logs a spurious "ERROR: Path not found" for every include it then finds on the search path.
+  """
+  head, filename = os.path.split(config_path)
+  if not head or os.path.isabs(head):
+    return False
+  try:
+    spec = importlib.util.find_spec(head.replace('/', '.'))
+  except (ImportError, ValueError):
+    return False
+  if spec is None or not spec.origin or spec.origin in ('namespace', 'built-in'):
+    return False
+  return os.path.isfile(os.path.join(os.path.dirname(spec.origin), filename))
+
+
+def _patch_gin_package_reader() -> None:
+  try:
+    from gin import resource_reader  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return
+  readers = gin.config._FILE_READERS  # pylint: disable=protected-access
+  for i, (reader, check) in enumerate(readers):
+    if check is resource_reader.system_path_file_exists:
+      readers[i] = (reader, _package_file_exists)
+
+
 def parse(files: Sequence[str], bindings: Sequence[str]) -> None:
   """Parses gin files (looked up as given, then under the repo's gin/)."""
+  _patch_gin_package_reader()
   gin.add_config_file_search_path(REPO_GIN_DIR)
   resolved = []
   for f in files:

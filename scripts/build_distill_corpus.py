@@ -1,0 +1,126 @@
+"""Builds a distillation corpus: the local corpus with train targets replaced by the target model's greedy decodes.
+
+  python scripts/build_distill_corpus.py --model models/cpu/target --out data/distill_corpus
+
+A drafter only helps speculative decoding as far as it predicts the *target
+model*, on the target model's own prefixes (the drafter always continues what
+the target has emitted). Training the drafter on the target's greedy outputs
+(sequence-level distillation, Kim & Rush 2016), together with the word-level
+KL to the target (`train.train(teacher_dir=...)`), trains it on exactly those
+prefixes. Validation and test splits are copied unchanged (they are scored
+against the references). Each train row keeps the reference as `gold_targets`.
+
+Inputs are decoded sorted by length in length buckets, so the short En→De
+inputs are not padded to the summarization length. Writes atomically; a
+finished task directory is skipped on re-runs (resumable per task).
+"""
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+
+import jax
+import numpy as np
+
+from specdec import checkpoints
+from specdec import decoding
+from specdec import evaluation
+from specdec import models
+from specdec import tasks
+
+TASK_DIRS = {tasks.ENDE_LOCAL_TASK: 'translate_en_de',
+             tasks.SUMMARIZE_LOCAL_TASK: 'summarize_ddtp'}
+BUCKETS = (16, 32, 64, 96, 128, 256, 512)
+
+
+def bucket_length(n: int, max_len: int) -> int:
+  for b in BUCKETS:
+    if n <= b:
+      return min(b, max_len)
+  return max_len
+
+
+def distill_task(task_name, corpus_dir, out_dir, predict, params, lengths,
+                 batch_size, max_examples=None):
+  task_dir = TASK_DIRS[task_name]
+  src = os.path.join(corpus_dir, task_dir, 'train.jsonl')
+  with open(src, encoding='utf-8') as f:
+    rows = [json.loads(line) for line in f]
+  examples = evaluation.task_examples(task_name, 'train', lengths, max_examples)
+  rows = rows[:len(examples)]
+  for row, ex in zip(rows, examples):  # same file order: check it
+    if row['inputs'] not in ex['inputs_pretokenized'].decode('utf-8'):
+      raise RuntimeError(f'{src}: seqio example order differs from the file order.')
+  vocab = seqio_vocab(task_name)
+  order = np.argsort([len(ex['inputs']) for ex in examples], kind='stable')
+  decoded = [None] * len(examples)
+  start = time.perf_counter()
+  done = 0
+  for first in range(0, len(order), batch_size):
+    idx = order[first:first + batch_size]
+    in_len = bucket_length(max(len(examples[i]['inputs']) for i in idx), lengths['inputs'])
+    enc = np.zeros((batch_size, in_len), np.int32)
+    for row, i in enumerate(idx):
+      tokens = np.asarray(examples[i]['inputs'])[:in_len]
+      enc[row, :len(tokens)] = tokens
+    batch = {'encoder_input_tokens': enc,
+             'decoder_input_tokens': np.zeros((batch_size, lengths['targets']), np.int32)}
+    out, _ = predict(params, batch, None)
+    out = np.asarray(out)
+    for row, i in enumerate(idx):
+      decoded[i] = vocab.decode(out[row].tolist())
+    done += len(idx)
+    elapsed = time.perf_counter() - start
+    print(f'  {task_name}: {done}/{len(order)} decoded, {done / elapsed:.0f} ex/s, '
+          f'ETA {(len(order) - done) * elapsed / done / 60:.1f} min', flush=True)
+  lines = []
+  for row, text in zip(rows, decoded):
+    row = dict(row, gold_targets=row['targets'], targets=text)
+    lines.append(json.dumps(row, ensure_ascii=False))
+  os.makedirs(os.path.join(out_dir, task_dir), exist_ok=True)
+  checkpoints.atomic_write(os.path.join(out_dir, task_dir, 'train.jsonl'),
+                           ('\n'.join(lines) + '\n').encode('utf-8'))
+  for split in ('validation', 'test'):
+    shutil.copyfile(os.path.join(corpus_dir, task_dir, f'{split}.jsonl'),
+                    os.path.join(out_dir, task_dir, f'{split}.jsonl'))
+
+
+def seqio_vocab(task_name):
+  import seqio  # pylint: disable=g-import-not-at-top
+  return seqio.get_mixture_or_task(task_name).output_features['targets'].vocabulary
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--model', default='models/cpu/target')
+  parser.add_argument('--corpus', default='data/corpus')
+  parser.add_argument('--out', default='data/distill_corpus')
+  parser.add_argument('--batch_size', type=int, default=128)
+  parser.add_argument('--inputs_length', type=int, default=96)
+  parser.add_argument('--targets_length', type=int, default=48)
+  parser.add_argument('--max_examples', type=int, default=None)
+  args = parser.parse_args()
+  tasks.register_local_tasks(args.corpus)
+  lengths = {'inputs': args.inputs_length, 'targets': args.targets_length}
+  module, params = checkpoints.load_module_and_params(args.model)
+  model = models.SpeculativeEncoderDecoderModel(module, None,
+                                                decode_fn=decoding.temperature_sample)
+  predict = model.compile_predict({'temperature': 0.0})
+  for task_name in TASK_DIRS:
+    marker = os.path.join(args.out, TASK_DIRS[task_name], 'train.jsonl')
+    if os.path.exists(marker):
+      print(f'{marker} exists: skipped (delete it to rebuild).')
+      continue
+    distill_task(task_name, args.corpus, args.out, predict, {'target': params},
+                 lengths, args.batch_size, args.max_examples)
+  manifest = {'model': args.model, 'corpus': args.corpus, 'lengths': lengths,
+              'decoding': 'greedy', 'command': ' '.join(['python'] + sys.argv)}
+  checkpoints.atomic_write(os.path.join(args.out, 'manifest.json'),
+                           json.dumps(manifest, indent=2).encode())
+
+
+if __name__ == '__main__':
+  main()

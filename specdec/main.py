@@ -1,0 +1,259 @@
+"""The launcher: gin-configured inference, evaluation, benchmarks and paper tables.
+
+  python -m specdec.main --gin_file=experiments/cpu/table2/ende_d1_t0.gin --gin.OUTPUT_DIR="'runs/x'"
+  specdec --gin_file=... --gin.NAME=VALUE ...          (the same, as a console script)
+  python -m specdec.main                               (the main job: gin/experiments/cpu/main_job.gin)
+
+Flags follow T5X: `--gin_file=PATH` (repeatable; looked up as given, then under the repo's gin/), and
+`--gin.NAME=VALUE` bindings. `--multihost` calls `jax.distributed.initialize()` first (Cloud TPU pods).
+Everything the run writes goes under OUTPUT_DIR.
+
+Modes of `run` (`main.run.mode`):
+- 'infer': decode a task split, write predictions.jsonl (resumable) and decode statistics;
+- 'eval': 'infer' plus the task's seqio metrics (metrics.json);
+- 'benchmark': `specdec.benchmark.run` (baseline vs speculative in one run, see that module);
+- 'table': several benchmark rows (`rows`), one subdirectory each, then a table beside the paper's numbers.
+"""
+
+import dataclasses
+import json
+import os
+import sys
+import time
+from typing import Any, Dict, Mapping, Optional, Sequence
+
+import gin
+import jax
+import numpy as np
+
+from specdec import benchmark
+from specdec import checkpoints
+from specdec import decoding
+from specdec import gin_utils
+from specdec import models
+from specdec import network
+from specdec import ngram
+from specdec import tables
+from specdec import tasks
+
+DEFAULT_GIN_FILE = 'experiments/cpu/main_job.gin'
+MODES = ('infer', 'eval', 'benchmark', 'table')
+
+
+def load_network(checkpoint: str, config: Optional[network.T5Config] = None, dtype: Optional[str] = None):
+  """(module, params) from a checkpoint directory.
+
+  The project's compact format and n-gram drafters carry their own config. T5X, Hugging Face and Orbax
+  checkpoints are read into `config` (from gin: e.g. gin/models/target_t5_1_1_xxl.gin), or into the
+  config a Hugging Face directory describes.
+  """
+  if not checkpoint:
+    raise ValueError('No checkpoint given (set TARGET_CHECKPOINT / DRAFTER_CHECKPOINT in gin).')
+  if not checkpoint.startswith('gs://') and not os.path.exists(checkpoint):
+    raise FileNotFoundError(f'Checkpoint not found: {checkpoint}')
+  if ngram.is_ngram_dir(checkpoint) or (os.path.isdir(checkpoint) and
+                                        os.path.exists(os.path.join(checkpoint, 'params.msgpack'))):
+    return checkpoints.load_module_and_params(checkpoint)
+  if config is None:
+    config = checkpoints.load_config_for(checkpoint)
+  if config is None:
+    raise ValueError(f'{checkpoint} ({checkpoints.detect_format(checkpoint)} format) carries no network '
+                     'config: give one in gin (include a gin/models/*_t5_1_1_*.gin file).')
+  params = checkpoints.restore_params(checkpoint, config, dtype=dtype)
+  return network.Transformer(config), params
+
+
+EMBEDDED_TEST_SLICES = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'assets', 'test_slices')
+
+
+def register_tasks(corpus_dir: Optional[str] = None, vocab_path: Optional[str] = None) -> None:
+  """Registers the local tasks (from `corpus_dir`) and the paper's TFDS tasks.
+
+  Without `corpus_dir` and without a built corpus at the default place, the local tasks read the embedded
+  test slices (the first 64 test examples per task; specdec/assets/test_slices/README.md).
+  """
+  if corpus_dir is None and not os.path.exists(tasks.DEFAULT_CORPUS_DIR):
+    print(f'No corpus at {tasks.DEFAULT_CORPUS_DIR} (build it: {tasks.BUILD_CORPUS_COMMAND}); using the '
+          f'embedded test slices in {EMBEDDED_TEST_SLICES}.', flush=True)
+    corpus_dir = EMBEDDED_TEST_SLICES
+  tasks.register_local_tasks(corpus_dir)
+  tasks.register_paper_tasks(vocab_path) if vocab_path else tasks.register_paper_tasks()
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+  """One benchmark row of a table: task, drafter checkpoint, temperature, γ."""
+  task: str
+  drafter: str
+  temperature: float
+  gamma: int
+  drafter_checkpoint: str = ''
+
+
+def _decode_split(model, params, task_name, split, lengths, setting, output_dir, max_examples, log_every=8):
+  """Decodes a split with `model`, appending predictions.jsonl as batches finish (resumable)."""
+  import seqio  # pylint: disable=g-import-not-at-top
+  task = seqio.get_mixture_or_task(task_name)
+  vocab = task.output_features['targets'].vocabulary
+  from specdec import evaluation  # pylint: disable=g-import-not-at-top
+  examples = evaluation.task_examples(task_name, split, lengths, max_examples)
+  speculative = model.drafter_module is not None
+  decoder_params = setting.decoder_params()
+  if speculative:
+    decoder_params.update(gamma=setting.gamma, return_stats=True)
+  predict = model.compile_predict(decoder_params)
+  path = os.path.join(output_dir, 'predictions.jsonl')
+  done = benchmark._load_done(path)  # pylint: disable=protected-access
+  checkpoints.atomic_write(path, ''.join(json.dumps(r) + '\n' for r in done.values()).encode())
+  if done:
+    print(f'Resuming: {len(done)} of {len(examples)} examples already decoded in {path}.', flush=True)
+  start, decoded, tokens = time.perf_counter(), 0, 0
+  batches = benchmark.make_batches(examples, lengths, setting.batch_size, setting.length_buckets)
+  with open(path, 'a', encoding='utf-8') as out:
+    for batch_no, (idx, batch) in enumerate(batches):
+      if all(i in done for i in idx):
+        continue
+      decodes, aux = predict(params, batch, jax.random.PRNGKey(setting.seed + batch_no))
+      decodes = np.asarray(decodes)
+      stats = jax.tree_util.tree_map(np.asarray, aux.get('stats', {}))
+      for row, i in enumerate(idx):
+        rec = {'index': i, 'inputs': examples[i]['inputs_pretokenized'].decode('utf-8'),
+               'reference': examples[i]['targets_pretokenized'].decode('utf-8'),
+               'prediction': vocab.decode(decodes[row].tolist()),
+               'tokens': benchmark.num_tokens(decodes[row], model.eos_id)}
+        rec.update({k: np.asarray(v[row]).tolist() for k, v in stats.items()})
+        out.write(json.dumps(rec, ensure_ascii=False) + '\n')
+        done[i] = rec
+        tokens += rec['tokens']
+      out.flush()
+      decoded += len(idx)
+      if decoded % log_every < len(idx) or len(done) == len(examples):
+        elapsed = time.perf_counter() - start
+        print(f'  {len(done)}/{len(examples)} examples, {tokens / elapsed:.0f} tokens/s, '
+              f'ETA {(len(examples) - len(done)) * elapsed / decoded / 60:.1f} min', flush=True)
+  records = [done[i] for i in sorted(done)]
+  return task, examples, records
+
+
+def _decode_statistics(records) -> Dict[str, float]:
+  if not records or 'target_calls' not in records[0]:
+    return {'examples': len(records), 'tokens': int(sum(r['tokens'] for r in records))}
+  tot = lambda k: float(sum(r[k] for r in records))
+  return {'examples': len(records), 'tokens': int(tot('tokens')),
+          'alpha_accept': tot('accepted') / max(tot('judged'), 1),
+          'alpha_overlap': tot('overlap_sum') / max(tot('overlap_count'), 1),
+          'tokens_per_target_call': tot('emitted') / max(tot('target_calls'), 1)}
+
+
+def run(output_dir: str = gin.REQUIRED,
+        mode: str = 'benchmark',
+        task: str = tasks.ENDE_LOCAL_TASK,
+        split: str = 'test',
+        feature_lengths: Mapping[str, int] = (('inputs', 96), ('targets', 48)),
+        target_checkpoint: str = gin.REQUIRED,
+        drafter_checkpoint: Optional[str] = None,
+        target_config: Optional[network.T5Config] = None,
+        drafter_config: Optional[network.T5Config] = None,
+        drafter_name: Optional[str] = None,
+        gamma: int = 5,
+        temperature: float = 0.0,
+        topk: int = 0,
+        topp: float = 0.0,
+        batch_size: int = 1,
+        repeats: int = 3,
+        max_examples: Optional[int] = None,
+        seed: int = 0,
+        length_buckets: bool = True,
+        rows: Sequence[Row] = (),
+        table_name: str = 'Table 2 analogue',
+        corpus_dir: Optional[str] = None,
+        vocab_path: Optional[str] = None,
+        dtype: Optional[str] = None) -> Dict[str, Any]:
+  """Runs one experiment (see the module docstring for the modes); returns its summary."""
+  if mode not in MODES:
+    raise ValueError(f'mode must be one of {MODES}, got {mode!r}.')
+  lengths = dict(feature_lengths)
+  if set(lengths) != {'inputs', 'targets'}:
+    raise ValueError(f"feature_lengths needs 'inputs' and 'targets', got {sorted(lengths)}.")
+  setting = benchmark.Setting(gamma=gamma, temperature=temperature, topk=topk, topp=topp,
+                              batch_size=batch_size, repeats=repeats, seed=seed,
+                              length_buckets=length_buckets)
+  setting.validate()  # bad γ / temperature / top-k with top-p fail before any loading
+  if mode == 'table' and not rows:
+    raise ValueError("mode='table' needs rows (a list of main.Row or of dicts with its fields).")
+  rows = [r if isinstance(r, Row) else Row(**r) for r in rows]
+  for r in rows:
+    benchmark.Setting(gamma=r.gamma, temperature=r.temperature).validate()
+  if mode in ('benchmark',) and not drafter_checkpoint:
+    raise ValueError('The benchmark needs a drafter: set DRAFTER_CHECKPOINT.')
+  register_tasks(corpus_dir, vocab_path)
+  os.makedirs(output_dir, exist_ok=True)
+  print(f'specdec {mode}: task {task}:{split}, output {output_dir}', flush=True)
+
+  target_module, target_params = load_network(target_checkpoint, target_config, dtype)
+  if mode == 'table':
+    summaries = []
+    for row in rows:
+      name = f'{row.task}_{row.drafter}_t{row.temperature:g}_g{row.gamma}'
+      # Without a checkpoint, a row's drafter is a sibling of the target (the shipped family's layout).
+      drafter_dir = row.drafter_checkpoint or os.path.join(os.path.dirname(os.path.normpath(target_checkpoint)),
+                                                           row.drafter)
+      drafter_module, drafter_params = load_network(drafter_dir, drafter_config, dtype)
+      row_setting = dataclasses.replace(setting, gamma=row.gamma, temperature=row.temperature)
+      summaries.append(benchmark.run(
+          target_module, target_params, drafter_module, drafter_params, row.task, split, lengths,
+          row_setting, os.path.join(output_dir, name), max_examples, drafter_name=row.drafter))
+    text = tables.table2_markdown(summaries, title=table_name)
+    checkpoints.atomic_write(os.path.join(output_dir, 'table.md'), text.encode())
+    checkpoints.atomic_write(os.path.join(output_dir, 'table.json'), json.dumps(summaries, indent=2).encode())
+    print(text, flush=True)
+    return {'rows': summaries}
+
+  drafter_module = drafter_params = None
+  if drafter_checkpoint:
+    drafter_module, drafter_params = load_network(drafter_checkpoint, drafter_config, dtype)
+  drafter_name = drafter_name or (os.path.basename(os.path.normpath(drafter_checkpoint))
+                                  if drafter_checkpoint else 'none')
+  if mode == 'benchmark':
+    summary = benchmark.run(target_module, target_params, drafter_module, drafter_params, task, split,
+                            lengths, setting, output_dir, max_examples, drafter_name=drafter_name)
+    print(benchmark.markdown(summary), flush=True)
+    return summary
+
+  model = models.SpeculativeEncoderDecoderModel(
+      target_module, drafter_module,
+      decode_fn=decoding.speculative_sample if drafter_module is not None else decoding.temperature_sample)
+  params = {'target': target_params}
+  if drafter_module is not None:
+    params['drafter'] = drafter_params
+  task_obj, examples, records = _decode_split(model, params, task, split, lengths, setting, output_dir,
+                                              max_examples)
+  summary = {'task': task, 'split': split, 'drafter': drafter_name, 'setting': dataclasses.asdict(setting),
+             'statistics': _decode_statistics(records)}
+  if mode == 'eval':
+    summary['metrics'] = benchmark._metrics(  # pylint: disable=protected-access
+        task_obj, [r['prediction'] for r in records], examples)
+    checkpoints.atomic_write(os.path.join(output_dir, 'metrics.json'), json.dumps(summary, indent=2).encode())
+  else:
+    checkpoints.atomic_write(os.path.join(output_dir, 'statistics.json'), json.dumps(summary, indent=2).encode())
+  print(json.dumps(summary, indent=2), flush=True)
+  return summary
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+  argv = list(sys.argv[1:] if argv is None else argv)
+  files, bindings, rest = gin_utils.split_gin_args(argv)
+  multihost = '--multihost' in rest
+  rest = [a for a in rest if a != '--multihost']
+  if rest:
+    raise SystemExit(f'Unknown arguments: {rest} (use --gin_file=PATH, --gin.NAME=VALUE, --multihost).')
+  if multihost:
+    jax.distributed.initialize()
+  gin_utils.parse(files or [DEFAULT_GIN_FILE], bindings)
+  # The gin files register this module's `run` (dynamic registration); its configurable carries the bindings.
+  gin.get_configurable(run)()
+
+
+if __name__ == '__main__':
+  from specdec import main as _configured  # pylint: disable=g-import-not-at-top
+  _configured.main()

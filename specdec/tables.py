@@ -1,0 +1,97 @@
+"""The paper's Table 2 / Table 3 numbers, and measured benchmark summaries laid out beside them."""
+
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+
+from specdec import tasks
+
+# PAPER.md Table 2 (T5-XXL target): (task, drafter, temperature) -> (γ, α, speedup).
+PAPER_TABLE2: Dict[Tuple[str, str, float], Tuple[int, float, float]] = {
+    ('ende', 'small', 0.0): (7, 0.75, 3.4), ('ende', 'base', 0.0): (7, 0.80, 2.8),
+    ('ende', 'large', 0.0): (7, 0.82, 1.7), ('ende', 'small', 1.0): (7, 0.62, 2.6),
+    ('ende', 'base', 1.0): (5, 0.68, 2.4), ('ende', 'large', 1.0): (3, 0.71, 1.4),
+    ('cnndm', 'small', 0.0): (5, 0.65, 3.1), ('cnndm', 'base', 0.0): (5, 0.73, 3.0),
+    ('cnndm', 'large', 0.0): (3, 0.74, 2.2), ('cnndm', 'small', 1.0): (5, 0.53, 2.3),
+    ('cnndm', 'base', 1.0): (3, 0.55, 2.2), ('cnndm', 'large', 1.0): (3, 0.56, 1.7),
+}
+# PAPER.md Table 3, T5-XXL rows: (task, drafter) -> (α at t=0, α at t=1).
+PAPER_TABLE3: Dict[Tuple[str, str], Tuple[float, float]] = {
+    ('ende', 'unigram'): (0.08, 0.07), ('ende', 'bigram'): (0.20, 0.19), ('ende', 'small'): (0.75, 0.62),
+    ('ende', 'base'): (0.80, 0.68), ('ende', 'large'): (0.82, 0.71),
+    ('cnndm', 'unigram'): (0.13, 0.08), ('cnndm', 'bigram'): (0.23, 0.16), ('cnndm', 'small'): (0.65, 0.53),
+    ('cnndm', 'base'): (0.73, 0.55), ('cnndm', 'large'): (0.74, 0.56),
+}
+# The CPU family's drafters stand in for the paper's by their size relative to the target
+# (T5-small / base / large are ~0.7% / 2% / 7% of T5-XXL; d3 / d2 / d1 are 2% / 4% / 24% of the CPU target).
+PAPER_DRAFTER_FOR = {'d3': 'small', 'd2': 'base', 'd1': 'large', 'd1kd': 'large',
+                     'unigram': 'unigram', 'bigram': 'bigram',
+                     'small': 'small', 'base': 'base', 'large': 'large',
+                     't5_1_1_small': 'small', 't5_1_1_base': 'base', 't5_1_1_large': 'large'}
+TASK_KIND = {tasks.ENDE_LOCAL_TASK: 'ende', tasks.WMT_ENDE_TASK: 'ende',
+             tasks.SUMMARIZE_LOCAL_TASK: 'cnndm', tasks.CNN_DAILYMAIL_TASK: 'cnndm'}
+TASK_LABEL = {tasks.ENDE_LOCAL_TASK: 'En→De (DDTP)', tasks.SUMMARIZE_LOCAL_TASK: 'summ. (DDTP)',
+              tasks.WMT_ENDE_TASK: 'EnDe (WMT)', tasks.CNN_DAILYMAIL_TASK: 'CNNDM'}
+
+
+def paper_row(task: str, drafter: str, temperature: float) -> Optional[Tuple[int, float, float]]:
+  key = (TASK_KIND.get(task), PAPER_DRAFTER_FOR.get(drafter), float(temperature))
+  return PAPER_TABLE2.get(key)
+
+
+def _fmt(x: Any, spec: str = '.2f') -> str:
+  return '-' if x is None else format(x, spec)
+
+
+def table2_markdown(summaries: Sequence[Mapping[str, Any]], title: str = 'Table 2 analogue') -> str:
+  """One line per benchmark summary, with the paper's row for the corresponding drafter beside it."""
+  lines = [
+      f'## {title}', '',
+      '| task | drafter | temp | γ | α (kept/judged) | α (Σmin) | tokens/call | c | verify/1-token | '
+      'predicted Thm 3.8 | predicted (costs) | **measured speedup** | identical | examples | '
+      'paper drafter: γ, α, speedup |',
+      '|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|',
+  ]
+  for s in summaries:
+    temp = s['setting']['temperature']
+    paper = paper_row(s['task'], s['drafter'], temp)
+    paper_text = (f"T5-{PAPER_DRAFTER_FOR.get(s['drafter'])}: {paper[0]}, {paper[1]:.2f}, {paper[2]:.1f}×"
+                  if paper else '-')
+    identical = ('-' if s.get('identical_rate') is None
+                 else f"{100 * s['identical_rate']:.0f}%")
+    lines.append(
+        f"| {TASK_LABEL.get(s['task'], s['task'])} | {s['drafter']} | {temp:g} | {s['setting']['gamma']} | "
+        f"{s['alpha_accept']:.2f} | {s['alpha_overlap']:.2f} | {s['tokens_per_target_call']:.2f} | "
+        f"{s['costs']['c']:.3f} | {s['costs']['verify_cost_ratio']:.2f} | {s['predicted_speedup_thm38']:.2f}× | "
+        f"{s['predicted_speedup_costs']:.2f}× | **{s['speedup']:.2f}×** | {identical} | {s['examples']} | "
+        f'{paper_text} |')
+  if summaries:
+    s = summaries[0]
+    lines += ['', f"Machine: {s['machine']['processor']}, {s['machine']['cpu_count']} CPUs, jax "
+              f"{s['machine']['jax']} ({s['machine']['backend']}); {s['date']}; batch "
+              f"{s['setting']['batch_size']}, {s['setting']['repeats']} timed repeats per example (median)."]
+  return '\n'.join(lines) + '\n'
+
+
+def table3_markdown(alphas: Mapping[Tuple[str, str], Mapping[float, float]],
+                    drafters: Sequence[str], title: str = 'Table 3 analogue') -> str:
+  """α (E[Σ min(p, q)]) per task and drafter at t=0 / t=1, with the paper's T5-XXL values beside them.
+
+  Args:
+    alphas: {(task, drafter): {temperature: α}}.
+    drafters: column order.
+  """
+  task_names = sorted({t for t, _ in alphas}, key=lambda t: TASK_KIND.get(t, t) != 'ende')
+  head = '| target / task | ' + ' | '.join(
+      f'{d} (paper: {PAPER_DRAFTER_FOR.get(d, d)})' for d in drafters) + ' |'
+  lines = [f'## {title}', '', 'Each cell: α at t=0 / t=1, measured here; the paper\'s T5-XXL value in '
+           'brackets.', '', head, '|---|' + '---|' * len(drafters)]
+  for task in task_names:
+    cells = []
+    for d in drafters:
+      got = alphas.get((task, d), {})
+      paper = PAPER_TABLE3.get((TASK_KIND.get(task), PAPER_DRAFTER_FOR.get(d, d)))
+      text = f"{_fmt(got.get(0.0))} / {_fmt(got.get(1.0))}"
+      if paper:
+        text += f' ({paper[0]:.2f} / {paper[1]:.2f})'
+      cells.append(text)
+    lines.append(f'| CPU target, {TASK_LABEL.get(task, task)} | ' + ' | '.join(cells) + ' |')
+  return '\n'.join(lines) + '\n'
