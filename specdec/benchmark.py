@@ -410,12 +410,15 @@ def summarize(records: Sequence[Mapping[str, Any]], costs: Mapping[str, float], 
       'alpha_accept': alpha_accept, 'alpha_overlap': alpha_overlap,
       'accepted_per_drafted': accepted / drafted if drafted else float('nan'),
       'tokens_per_target_call': tot('emitted') / calls if calls else float('nan'),
-      'target_calls': calls,
+      'target_calls': calls, 'drafted': drafted, 'judged': judged, 'accepted': accepted,
       'acceptance_per_position': [None if np.isnan(x) else float(x) for x in per_position],
       'predicted_speedup_thm38': thm38,
       'predicted_speedup_costs': from_costs,
       'measured_over_predicted': speedup / from_costs,
       'expected_tokens_per_call': float(theory.expected_tokens(alpha_for_theory, gamma)),
+      # The α this γ and these measured costs would need for the speed targets (nan: unreachable).
+      'alpha_needed': {str(x): theory.required_alpha(x, gamma, costs['c'], costs['verify_cost_ratio'])
+                       for x in (1.5, 2.0)},
       'identical_rate': float(np.mean(identical)) if setting.temperature == 0 else None,
       'mismatches': mismatches,
   }
@@ -461,6 +464,8 @@ def markdown(summary: Mapping[str, Any]) -> str:
       f"| predicted speedup, Thm 3.8 (α, c) | {s['predicted_speedup_thm38']:.2f}× |",
       f"| predicted speedup, measured call costs | {s['predicted_speedup_costs']:.2f}× |",
       f"| measured / predicted (costs) | {s['measured_over_predicted']:.2f} |",
+      f"| α needed at this γ and these costs for 1.5× / 2× | {s['alpha_needed']['1.5']:.2f} / "
+      f"{s['alpha_needed']['2.0']:.2f} |",
   ]
   if s['identical_rate'] is not None:
     lines.append(f"| identical greedy outputs | {100 * s['identical_rate']:.1f}% "

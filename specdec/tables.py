@@ -46,22 +46,24 @@ def table2_markdown(summaries: Sequence[Mapping[str, Any]], title: str = 'Table 
   lines = [
       f'## {title}', '',
       '| task | drafter | temp | γ | α (kept/judged) | α (Σmin) | tokens/call | c | verify/1-token | '
-      'predicted Thm 3.8 | predicted (costs) | **measured speedup** | identical | examples | '
-      'paper drafter: γ, α, speedup |',
-      '|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|',
+      'predicted Thm 3.8 | predicted (costs) | **measured speedup** | α needed for 1.5× / 2× | identical | '
+      'examples | paper drafter: γ, α, speedup |',
+      '|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|',
   ]
   for s in summaries:
     temp = s['setting']['temperature']
     paper = paper_row(s['task'], s['drafter'], temp)
     paper_text = (f"T5-{PAPER_DRAFTER_FOR.get(s['drafter'])}: {paper[0]}, {paper[1]:.2f}, {paper[2]:.1f}×"
                   if paper else '-')
+    needed = ' / '.join(_fmt(s.get('alpha_needed', {}).get(k)) for k in ('1.5', '2.0'))
     identical = ('-' if s.get('identical_rate') is None
                  else f"{100 * s['identical_rate']:.0f}%")
     lines.append(
         f"| {TASK_LABEL.get(s['task'], s['task'])} | {s['drafter']} | {temp:g} | {s['setting']['gamma']} | "
         f"{s['alpha_accept']:.2f} | {s['alpha_overlap']:.2f} | {s['tokens_per_target_call']:.2f} | "
         f"{s['costs']['c']:.3f} | {s['costs']['verify_cost_ratio']:.2f} | {s['predicted_speedup_thm38']:.2f}× | "
-        f"{s['predicted_speedup_costs']:.2f}× | **{s['speedup']:.2f}×** | {identical} | {s['examples']} | "
+        f"{s['predicted_speedup_costs']:.2f}× | **{s['speedup']:.2f}×** | {needed} | {identical} | "
+        f"{s['examples']} | "
         f'{paper_text} |')
   if summaries:
     s = summaries[0]

@@ -258,6 +258,37 @@ def predicted_speedup_from_costs(alpha, gamma, draft_call_time, target_call_time
     return _out(_geometric_sum(a, g) * tp / (g * tq + tv))
 
 
+def required_alpha(speedup, gamma, c, verify_cost_ratio=1.0):
+    """The smallest α at which γ drafts reach a given walltime improvement, from relative call costs.
+
+    Solves (1 - α^(γ+1)) / (1 - α) = speedup · (γc + r) for α (the left side grows with α from 1 to γ+1), with
+    c = t_q / t_p and r = t_verify / t_p (r = 1 is Thm 3.8). Returns ``nan`` where even α = 1 cannot reach it,
+    i.e. speedup · (γc + r) > γ + 1.
+
+    Args:
+      speedup: the walltime improvement wanted (> 0).
+      gamma: integer γ >= 1.
+      c: drafter call time / target call time (>= 0).
+      verify_cost_ratio: r, a γ+1-token target call's time / a 1-token call's (> 0).
+    """
+    g = _check_gamma(gamma)
+    cc = float(_check_nonneg(c, "c"))
+    r = float(_check_positive(verify_cost_ratio, "verify_cost_ratio"))
+    want = float(_check_positive(speedup, "speedup")) * (g * cc + r)
+    if want > g + 1:
+        return float("nan")
+    if want <= 1.0:
+        return 0.0
+    lo, hi = 0.0, 1.0
+    for _ in range(60):  # bisection: the geometric sum is increasing in α
+        mid = 0.5 * (lo + hi)
+        if float(_geometric_sum(np.float64(mid), g)) < want:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Measuring α from distributions (Thm 3.5, Cor 3.6). JAX-traceable.
 # --------------------------------------------------------------------------------------------------------------

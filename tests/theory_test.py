@@ -304,3 +304,20 @@ def test_alpha_bad_inputs_raise():
 
 def test_integral_float_gamma_accepted():
     assert theory.expected_tokens(0.5, 3.0) == theory.expected_tokens(0.5, 3)
+
+
+def test_required_alpha_inverts_the_cost_model():
+  for speedup, gamma, c, r in [(2.0, 5, 0.11, 1.4), (1.5, 3, 0.05, 1.0), (2.0, 7, 0.0, 1.2)]:
+    a = theory.required_alpha(speedup, gamma, c, r)
+    assert 0 < a < 1
+    got = theory.predicted_speedup_from_costs(a, gamma, c, 1.0, r)
+    assert abs(float(got) - speedup) < 1e-6
+    # Slightly less α falls short.
+    assert float(theory.predicted_speedup_from_costs(a - 1e-3, gamma, c, 1.0, r)) < speedup
+
+
+def test_required_alpha_edges():
+  assert theory.required_alpha(1.0, 3, 0.0) == 0.0
+  assert np.isnan(theory.required_alpha(10.0, 3, 0.5))  # γ+1 = 4 tokens per call cannot pay for 10x
+  with pytest.raises(ValueError):
+    theory.required_alpha(2.0, 0, 0.1)

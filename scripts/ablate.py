@@ -1,0 +1,212 @@
+"""Ablations on the shipped CPU family: γ sweeps per drafter, and drafters side by side (the Table 3 analogue).
+
+  python scripts/ablate.py gamma   --drafters d1 d3 bigram --gammas 1 2 3 4 5 6 7 8 9 10 --out results/ablate_gamma
+  python scripts/ablate.py drafter --drafters unigram bigram d3 d2 d1 --temperatures 0 1 --out results/ablate_drafter
+
+Each (drafter, task, temperature, γ) is one `specdec.benchmark.run` (baseline and speculative in the same run)
+in its own directory under OUT/runs/; a finished run (benchmark.json present) is skipped and an interrupted one
+resumes, so re-running the command continues where it stopped. Everything runs in one process, so each decode
+function is compiled once per input shape. The summary (Markdown, JSON, plot) is rewritten from all finished
+runs at the end.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import sys
+
+import numpy as np
+
+from specdec import benchmark
+from specdec import checkpoints
+from specdec import main as launcher
+from specdec import tables
+from specdec import tasks
+from specdec import theory
+
+TASKS = {'ende': tasks.ENDE_LOCAL_TASK, 'summ': tasks.SUMMARIZE_LOCAL_TASK}
+LENGTHS = {'inputs': 96, 'targets': 48}
+
+
+def _run_all(args, grid):
+  """Runs (or resumes) every (drafter, task key, temperature, γ) in `grid`; returns their summaries."""
+  launcher.register_tasks(args.corpus_dir)
+  target_module, target_params = launcher.load_network(os.path.join(args.models, 'target'))
+  loaded = {}
+  summaries = []
+  for n, (drafter, task_key, temperature, gamma) in enumerate(grid):
+    name = f'{task_key}_{drafter}_t{temperature:g}_g{gamma}'
+    run_dir = os.path.join(args.out, 'runs', name)
+    done_path = os.path.join(run_dir, 'benchmark.json')
+    if os.path.exists(done_path):
+      with open(done_path, encoding='utf-8') as f:
+        summaries.append(json.load(f))
+      print(f'[{n + 1}/{len(grid)}] {name}: done earlier, kept.', flush=True)
+      continue
+    print(f'[{n + 1}/{len(grid)}] {name}', flush=True)
+    if drafter not in loaded:
+      loaded[drafter] = launcher.load_network(os.path.join(args.models, drafter))
+    setting = benchmark.Setting(gamma=gamma, temperature=temperature, repeats=args.repeats, seed=args.seed)
+    summaries.append(benchmark.run(
+        target_module, target_params, *loaded[drafter], TASKS[task_key], 'test', LENGTHS, setting, run_dir,
+        args.max_examples, drafter_name=drafter, write_plot=False,
+        extra_info={'command_full': ' '.join(['python'] + sys.argv)}))
+  return summaries
+
+
+def _header(args, title):
+  return (f'# {title}\n\n`{" ".join(["python"] + sys.argv)}` · {datetime.date.today().isoformat()} · '
+          f'{benchmark.machine_info()["processor"]}, {os.cpu_count()} CPUs, jax {benchmark.machine_info()["jax"]}'
+          f' · first {args.max_examples} test examples per task, batch 1, {args.repeats} timed repeat(s) per '
+          'example (median), compile excluded\n\n')
+
+
+def gamma_sweep(args):
+  grid = [(d, args.task, t, g) for d in args.drafters for t in args.temperatures for g in args.gammas]
+  summaries = _run_all(args, grid)
+  lines = [_header(args, f'γ ablation ({TASKS[args.task]})'),
+           '| drafter | temp | γ | α (kept/judged) | c | verify/1-token | tokens/call | predicted Thm 3.8 | '
+           'predicted (costs) | measured speedup | identical |', '|---|---|---|---|---|---|---|---|---|---|---|']
+  best = {}
+  for s in summaries:
+    temp = s['setting']['temperature']
+    key = (s['drafter'], temp)
+    if key not in best or s['speedup'] > best[key]['speedup']:
+      best[key] = s
+    ident = '-' if s['identical_rate'] is None else f"{100 * s['identical_rate']:.0f}%"
+    lines.append(f"| {s['drafter']} | {temp:g} | {s['setting']['gamma']} | {s['alpha_accept']:.2f} | "
+                 f"{s['costs']['c']:.3f} | {s['costs']['verify_cost_ratio']:.2f} | "
+                 f"{s['tokens_per_target_call']:.2f} | {s['predicted_speedup_thm38']:.2f}× | "
+                 f"{s['predicted_speedup_costs']:.2f}× | **{s['speedup']:.2f}×** | {ident} |")
+  lines += ['', '| drafter | temp | best γ (measured) | speedup there | optimal γ by Thm 3.8 (pooled α, c) |',
+            '|---|---|---|---|---|']
+  curves = {}
+  for (drafter, temp), s_best in sorted(best.items()):
+    runs = [s for s in summaries if s['drafter'] == drafter and s['setting']['temperature'] == temp]
+    alpha = _pooled_alpha(runs)
+    c = float(np.median([s['costs']['c'] for s in runs]))
+    opt, _ = theory.optimal_gamma(alpha, c, max_gamma=max(args.gammas))
+    curves[(drafter, temp)] = (runs, alpha, c)
+    lines.append(f"| {drafter} | {temp:g} | {s_best['setting']['gamma']} | {s_best['speedup']:.2f}× | {opt} "
+                 f'(α {alpha:.2f}, c {c:.3f}) |')
+  lines += ['', '![γ ablation](ablate_gamma.png)', '',
+            'Thm 3.8 curve: (1 − α^(γ+1)) / ((1 − α)(γc + 1)) with the drafter\'s pooled α (kept/judged over all '
+            'its runs) and median measured c; it assumes a γ+1-token verify call costs one 1-token call. The '
+            '"costs" curve uses the measured verify cost instead.']
+  _write(args.out, 'ablate_gamma', '\n'.join(lines) + '\n', summaries)
+  _plot_gamma(os.path.join(args.out, 'ablate_gamma.png'), curves, TASKS[args.task])
+
+
+def _pooled_alpha(runs):
+  """Kept / judged drafts over all runs of one drafter (the MLE of α under Thm 3.8's i.i.d. model)."""
+  judged = sum(s['judged'] for s in runs)
+  return float(sum(s['accepted'] for s in runs) / judged) if judged else 0.0
+
+
+def _plot_gamma(path, curves, task_name):
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  fig, ax = plt.subplots(figsize=(7, 4.5))
+  for n, ((drafter, temp), (runs, alpha, c)) in enumerate(sorted(curves.items())):
+    color = f'C{n}'
+    runs = sorted(runs, key=lambda s: s['setting']['gamma'])
+    gammas = [s['setting']['gamma'] for s in runs]
+    ax.plot(gammas, [s['speedup'] for s in runs], 'o-', color=color,
+            label=f'{drafter}, t={temp:g}: measured (α={alpha:.2f}, c={c:.3f})')
+    grid = np.arange(1, max(gammas) + 1)
+    ax.plot(grid, [float(theory.expected_speedup(alpha, int(g), c)) for g in grid], '--', color=color,
+            label=f'{drafter}, t={temp:g}: Thm 3.8')
+    ax.plot(gammas, [s['predicted_speedup_costs'] for s in runs], ':', color=color,
+            label=f'{drafter}, t={temp:g}: measured call costs')
+  ax.axhline(1.0, color='k', lw=0.8)
+  ax.set_xlabel('γ (drafts per target call)')
+  ax.set_ylabel('speedup over the baseline')
+  ax.set_title(f'γ ablation, {task_name}, batch 1, CPU')
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  tmp = path + '.tmp.png'
+  fig.savefig(tmp, dpi=110)
+  plt.close(fig)
+  os.replace(tmp, path)
+
+
+def drafter_sweep(args):
+  grid = [(d, k, t, args.gamma) for k in args.tasks for t in args.temperatures for d in args.drafters]
+  summaries = _run_all(args, grid)
+  lines = [_header(args, 'Drafter ablation'),
+           '| task | drafter | temp | γ | α (kept/judged) | α (Σmin) | c | tokens/call | predicted Thm 3.8 | '
+           'predicted (costs) | measured speedup | identical |',
+           '|---|---|---|---|---|---|---|---|---|---|---|---|']
+  alphas = {}
+  for s in summaries:
+    temp = s['setting']['temperature']
+    alphas.setdefault((s['task'], s['drafter']), {})[temp] = s['alpha_overlap']
+    ident = '-' if s['identical_rate'] is None else f"{100 * s['identical_rate']:.0f}%"
+    lines.append(f"| {tables.TASK_LABEL.get(s['task'], s['task'])} | {s['drafter']} | {temp:g} | "
+                 f"{s['setting']['gamma']} | {s['alpha_accept']:.2f} | {s['alpha_overlap']:.2f} | "
+                 f"{s['costs']['c']:.3f} | {s['tokens_per_target_call']:.2f} | "
+                 f"{s['predicted_speedup_thm38']:.2f}× | {s['predicted_speedup_costs']:.2f}× | "
+                 f"**{s['speedup']:.2f}×** | {ident} |")
+  lines += ['', '![drafter ablation](ablate_drafter.png)', '',
+            tables.table3_markdown(alphas, args.drafters, title='Table 3 analogue (α = E[Σ min(p, q)])')]
+  _write(args.out, 'ablate_drafter', '\n'.join(lines) + '\n', summaries)
+  _plot_drafters(os.path.join(args.out, 'ablate_drafter.png'), summaries, args.drafters)
+
+
+def _plot_drafters(path, summaries, drafters):
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  keys = sorted({(s['task'], s['setting']['temperature']) for s in summaries})
+  fig, axes = plt.subplots(1, 3, figsize=(13, 4))
+  width = 0.8 / max(len(keys), 1)
+  x = np.arange(len(drafters))
+  for n, (task, temp) in enumerate(keys):
+    by = {s['drafter']: s for s in summaries if s['task'] == task and s['setting']['temperature'] == temp}
+    label = f"{tables.TASK_LABEL.get(task, task)}, t={temp:g}"
+    for ax, field in zip(axes, ('alpha_overlap', 'c', 'speedup')):
+      vals = [(by[d]['costs']['c'] if field == 'c' else by[d][field]) if d in by else np.nan for d in drafters]
+      ax.bar(x + n * width, vals, width, label=label)
+  for ax, title in zip(axes, ('α = E[Σ min(p, q)]', 'c = drafter / target call time', 'measured speedup')):
+    ax.set_xticks(x + width * (len(keys) - 1) / 2)
+    ax.set_xticklabels(drafters)
+    ax.set_title(title)
+  axes[2].axhline(1.0, color='k', lw=0.8)
+  axes[0].legend(fontsize=7)
+  fig.tight_layout()
+  tmp = path + '.tmp.png'
+  fig.savefig(tmp, dpi=110)
+  plt.close(fig)
+  os.replace(tmp, path)
+
+
+def _write(out, name, text, summaries):
+  checkpoints.atomic_write(os.path.join(out, f'{name}.md'), text.encode())
+  checkpoints.atomic_write(os.path.join(out, f'{name}.json'), json.dumps(summaries, indent=2).encode())
+  print(text, flush=True)
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('kind', choices=('gamma', 'drafter'))
+  parser.add_argument('--models', default='models/cpu')
+  parser.add_argument('--drafters', nargs='+', default=['unigram', 'bigram', 'd3', 'd2', 'd1'])
+  parser.add_argument('--gammas', nargs='+', type=int, default=list(range(1, 11)))
+  parser.add_argument('--gamma', type=int, default=4, help='γ of the drafter ablation')
+  parser.add_argument('--task', choices=sorted(TASKS), default='ende', help='task of the γ ablation')
+  parser.add_argument('--tasks', nargs='+', choices=sorted(TASKS), default=['ende', 'summ'])
+  parser.add_argument('--temperatures', nargs='+', type=float, default=[0.0])
+  parser.add_argument('--max_examples', type=int, default=32)
+  parser.add_argument('--repeats', type=int, default=1)
+  parser.add_argument('--seed', type=int, default=0)
+  parser.add_argument('--corpus_dir', default=None)
+  parser.add_argument('--out', required=True)
+  args = parser.parse_args()
+  os.makedirs(args.out, exist_ok=True)
+  (gamma_sweep if args.kind == 'gamma' else drafter_sweep)(args)
+
+
+if __name__ == '__main__':
+  main()
