@@ -133,8 +133,15 @@ class SpeculativeEncoderDecoderModel:
   # Decoding.
   # -------------------------------------------------------------------------
 
-  def _decoder_fns(self, module, params, encoder_input_tokens, max_decode_length):
-    """Encodes once and returns (cache, tokens_to_logits) for one network."""
+  def _decoder_fns(self, module, params, encoder_input_tokens, max_decode_length,
+                   constrain_cache: Optional[Callable[[PyTree], PyTree]] = None):
+    """Encodes once and returns (cache, tokens_to_logits) for one network.
+
+    `constrain_cache` (e.g. sharding constraints, see partitioning.py) is
+    applied to the new cache and to the cache after every decode step, so
+    the loop carries it with a fixed layout.
+    """
+    constrain = constrain_cache or (lambda cache: cache)
     encoded = module.apply({'params': params}, encoder_input_tokens,
                            enable_dropout=False, method=module.encode)
     _, variables = module.apply({'params': params}, encoded,
@@ -145,10 +152,10 @@ class SpeculativeEncoderDecoderModel:
       logits, new_vars = module.apply(
           {'params': params, 'cache': state.cache}, state.cur_token,
           state.cur_index, method=module.decode_step, mutable=['cache'])
-      return logits, new_vars.get('cache', {})
+      return logits, constrain(new_vars.get('cache', {}))
 
     # A stateless drafter (e.g. an n-gram model) has an empty cache.
-    return variables.get('cache', {}), tokens_to_logits
+    return constrain(variables.get('cache', {})), tokens_to_logits
 
   def predict_batch_with_aux(
       self,
@@ -159,6 +166,8 @@ class SpeculativeEncoderDecoderModel:
       return_all_decodes: bool = False,
       num_decodes: int = 1,
       prompt_with_targets: bool = False,
+      *,
+      constrain_cache: Optional[Callable[[PyTree], PyTree]] = None,
   ) -> Tuple[jax.Array, Mapping[str, Any]]:
     """Decodes a batch: (decodes, aux) as T5X.
 
@@ -173,6 +182,9 @@ class SpeculativeEncoderDecoderModel:
       return_all_decodes: return [B, num_decodes, L] instead of the best.
       num_decodes: samples per input.
       prompt_with_targets: teacher-force the non-zero decoder_input_tokens.
+      constrain_cache: optional `cache -> cache` applied to both models'
+        caches when built and after each decode step; the sharded predictor
+        (partitioning.py) passes sharding constraints here.
 
     Returns:
       decodes [B, L] (or [B, nd, L]) and aux {'scores': log-probs, and with
@@ -187,14 +199,15 @@ class SpeculativeEncoderDecoderModel:
               else jnp.zeros_like(decoder_input_tokens))
 
     cache, tokens_to_logits = self._decoder_fns(
-        self.module, params[TARGET], encoder_input_tokens, max_decode_length)
+        self.module, params[TARGET], encoder_input_tokens, max_decode_length,
+        constrain_cache)
     kwargs = dict(inputs=inputs, cache=cache, tokens_to_logits=tokens_to_logits,
                   eos_id=self.eos_id, decode_rng=rng, num_decodes=num_decodes,
                   cache_offset=0)
     if _uses_drafter(self.decode_fn):
       draft_cache, draft_tokens_to_logits = self._decoder_fns(
           self.drafter_module, params[DRAFTER], encoder_input_tokens,
-          max_decode_length)
+          max_decode_length, constrain_cache)
       kwargs.update(draft_cache=draft_cache,
                     draft_tokens_to_logits=draft_tokens_to_logits)
     else:

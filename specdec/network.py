@@ -22,7 +22,8 @@ Cache layout (every leaf has the batch as axis 0):
     decoder/layers_{i}/encoder_decoder_attention/encoded_value  [B, S, H, D]
 
 L = max_decode_length, S = encoder length, H = num_heads, D = head_dim, dtype
-= config.dtype; encoder_mask is `encoder_input_tokens > 0`.
+= config.dtype; encoder_mask is `encoder_input_tokens > 0`. Their logical
+axis names (for sharding, see partitioning.py): CACHE_LOGICAL_AXES.
 
 Shape suffixes: b batch, s encoder length, t decoder length, k tokens in a
 decode step, l cache length, h heads, d head_dim, e emb_dim, v vocab.
@@ -777,3 +778,34 @@ def param_logical_axes(config: T5Config) -> dict:
       functools.partial(_boxed_params, config, batch=1, input_len=8,
                         target_len=8), jax.random.key(0))
   return nn.get_partition_spec(boxed)
+
+
+# Logical axis names of the cache leaves (layout: module docstring), named as
+# T5X names activations, so that T5X's logical axis rules shard them too:
+# batch -> data, heads -> model, length and kv (head_dim) replicated.
+CACHE_LOGICAL_AXES: Mapping[str, tuple[str, ...]] = {
+    'encoder_mask': ('batch', 'length'),
+    'cached_key': ('batch', 'length', 'heads', 'kv'),
+    'cached_value': ('batch', 'length', 'heads', 'kv'),
+    'encoded_key': ('batch', 'length', 'heads', 'kv'),
+    'encoded_value': ('batch', 'length', 'heads', 'kv'),
+}
+
+
+def cache_logical_axes(cache: Any) -> Any:
+  """The cache tree of PartitionSpecs of logical axis names, by leaf name.
+
+  Works on arrays or `jax.ShapeDtypeStruct`s (e.g. from `jax.eval_shape` of
+  `init_cache`). A leaf whose name or rank is not in CACHE_LOGICAL_AXES raises
+  a ValueError naming it, so a new cache variable cannot go unsharded unseen.
+  """
+  def axes(path, leaf):
+    name = getattr(path[-1], 'key', getattr(path[-1], 'name', None))
+    names = CACHE_LOGICAL_AXES.get(name)
+    if names is None or len(names) != jnp.ndim(leaf):
+      raise ValueError(
+          f'cache leaf {jax.tree_util.keystr(path)} of shape '
+          f'{jnp.shape(leaf)}: no logical axes for it in '
+          f'network.CACHE_LOGICAL_AXES ({sorted(CACHE_LOGICAL_AXES)}).')
+    return jax.sharding.PartitionSpec(*names)
+  return jax.tree_util.tree_map_with_path(axes, cache)

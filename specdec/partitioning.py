@@ -1,0 +1,656 @@
+"""Model- and data-parallel decoding over a ('data', 'model') device mesh.
+
+T5X's scheme (t5x/partitioning.py), on `jax.jit` with NamedShardings:
+
+  mesh   = make_mesh(num_partitions=4)              # [devices/4, 4] devices
+  rules  = standard_logical_axis_rules()             # logical name -> mesh axis
+  predict = compile_predict_sharded(model, mesh, rules, {'temperature': 0.0,
+                                                         'gamma': 7})
+  params = predict.shard_params(params)              # once: lay params out
+  decodes, aux = predict(params, batch, rng)         # jit(in/out_shardings)
+
+Every array has logical axis names: params from their
+`nn.with_logical_partitioning` boxes (`network.param_logical_axes`), decode
+caches by leaf name (`network.CACHE_LOGICAL_AXES`: batch, length, heads, kv),
+batch features ('batch', 'length'), outputs 'batch' first. The rules map
+names to mesh axes (batch -> data; vocab, mlp, heads, joined_kv -> model),
+so the weights, the target's verify call and the drafter's steps run
+model-parallel and the batch data-parallel. Both models' caches are pinned
+to their layout when built and after every decode step (`constrain_cache`
+in models.py); activations follow by XLA's sharding propagation.
+
+Non-divisible dimensions: a dimension whose size is not a multiple of the
+mesh axes it maps to (batch 1 on data=8; 6 heads on model=4; a tiny vocab)
+is replicated instead (`fit_spec`), logged at INFO. Sharding it would either
+fail (device_put) or pad unevenly; replication is always correct, only
+costlier in memory, which `bytes_per_device` and the XXL plan account for.
+
+Multi-host: call `initialize_multihost()` first thing; every process then
+passes the same global params and batch, and `to_host` gathers outputs.
+"""
+
+import functools
+import logging
+import math
+import os
+from typing import Any, Callable, Mapping, Optional, Sequence, Tuple, Union
+
+import flax
+import flax.linen as nn
+import jax
+from jax.experimental import mesh_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+import numpy as np
+
+from specdec import models
+from specdec import network
+
+PyTree = Any
+MeshAxes = Union[None, str, Tuple[str, ...]]
+LogicalAxisRules = Sequence[Tuple[str, MeshAxes]]
+
+MESH_AXES = ('data', 'model')
+# The batch features a predict call reads ([B, length] int each).
+DATA_FEATURES = ('encoder_input_tokens', 'decoder_input_tokens')
+
+_log = logging.getLogger(__name__)
+
+
+# -----------------------------------------------------------------------------
+# Mesh and rules.
+# -----------------------------------------------------------------------------
+
+
+def make_mesh(num_partitions: int = 1,
+              devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
+  """A [len(devices) // num_partitions, num_partitions] ('data', 'model') mesh.
+
+  `devices` defaults to all devices (every process's, on multi-host). On TPU
+  `mesh_utils.create_device_mesh` puts each model-parallel group on nearby
+  chips; where it cannot (e.g. an arbitrary device subset) devices are laid
+  out in the given order.
+  """
+  devices = list(jax.devices() if devices is None else devices)
+  if not devices:
+    raise ValueError('make_mesh: no devices given.')
+  if (isinstance(num_partitions, bool) or
+      not isinstance(num_partitions, (int, np.integer)) or num_partitions < 1):
+    raise ValueError(f'num_partitions must be a positive int, got '
+                     f'{num_partitions!r}.')
+  if len(devices) % num_partitions:
+    raise ValueError(f'num_partitions={num_partitions} does not divide the '
+                     f'{len(devices)} devices.')
+  shape = (len(devices) // num_partitions, int(num_partitions))
+  try:
+    grid = mesh_utils.create_device_mesh(shape, devices)
+  except (ValueError, NotImplementedError, AssertionError) as e:
+    _log.info('create_device_mesh(%s) failed (%s); devices in given order.',
+              shape, e)
+    grid = np.asarray(devices, dtype=object).reshape(shape)
+  return Mesh(grid, MESH_AXES)
+
+
+def mesh_axis_sizes(mesh: Union[Mesh, Mapping[str, int]]) -> dict:
+  """{axis name: size} of a Mesh, an AbstractMesh or a plain mapping."""
+  sizes = dict(mesh.shape) if hasattr(mesh, 'axis_names') else dict(mesh)
+  for name, size in sizes.items():
+    if not isinstance(size, (int, np.integer)) or size < 1:
+      raise ValueError(f'mesh axis {name!r} has size {size!r}.')
+  return sizes
+
+
+def standard_logical_axis_rules(
+    activation_partitioning_dims: int = 1,
+    parameter_partitioning_dims: int = 1,
+    additional_rules: Optional[LogicalAxisRules] = None,
+) -> Tuple[Tuple[str, MeshAxes], ...]:
+  """T5X's default rules (same names, order and variants).
+
+  1-D: batch -> data; vocab, mlp, heads, joined_kv -> model; embed, kv and
+  the length-like names replicated. 2-D parameters shard embed along data
+  (weights over all devices, e.g. ('data', 'model') for an (embed, mlp)
+  kernel); 2-D activations shard embed along model where that axis is still
+  free. Earlier rules win (flax assigns a mesh axis once per array).
+  """
+  dims = (activation_partitioning_dims, parameter_partitioning_dims)
+  common = [('batch', 'data'), ('vocab', 'model'), ('mlp', 'model'),
+            ('heads', 'model'), ('kv', None), ('joined_kv', 'model')]
+  if dims == (1, 1):
+    rules = [('batch', 'data'), ('vocab', 'model'), ('embed', None),
+             ('mlp', 'model'), ('heads', 'model'), ('kv', None),
+             ('joined_kv', 'model')]
+  elif dims == (2, 1):
+    rules = common + [('embed', 'model')]
+  elif dims == (1, 2):
+    rules = common + [('embed', 'data')]
+  elif dims == (2, 2):
+    rules = common + [('embed', 'model'), ('embed', 'data')]
+  else:
+    raise ValueError(
+        f'activation_partitioning_dims={activation_partitioning_dims}, '
+        f'parameter_partitioning_dims={parameter_partitioning_dims}: only 1 '
+        'or 2 each are supported.')
+  rules += [('relpos_buckets', None), ('abspos_buckets', None),
+            ('length', None), ('layers', None), ('stack', None),
+            ('mlp_activations', None)]
+  rules += list(additional_rules or ())
+  return tuple((name, tuple(axes) if isinstance(axes, list) else axes)
+               for name, axes in rules)
+
+
+def _rule_mesh_axes(axes: MeshAxes) -> Tuple[str, ...]:
+  if axes is None:
+    return ()
+  return (axes,) if isinstance(axes, str) else tuple(axes)
+
+
+def check_rules(rules: LogicalAxisRules, axis_sizes: Mapping[str, int]) -> None:
+  """Raises ValueError for malformed rules or a mesh axis the mesh lacks."""
+  for rule in rules:
+    if (not isinstance(rule, (tuple, list)) or len(rule) != 2 or
+        not isinstance(rule[0], str)):
+      raise ValueError(f'A logical axis rule must be (name, mesh axes), got '
+                       f'{rule!r}.')
+    for axis in _rule_mesh_axes(rule[1]):
+      if axis not in axis_sizes:
+        raise ValueError(f'Rule {tuple(rule)!r} names mesh axis {axis!r}; the '
+                         f'mesh has {tuple(axis_sizes)}.')
+
+
+# -----------------------------------------------------------------------------
+# Logical axes -> mesh PartitionSpecs, with the divisibility fallback.
+# -----------------------------------------------------------------------------
+
+
+def fit_spec(spec: PartitionSpec, shape: Sequence[int],
+             axis_sizes: Mapping[str, int], where: str = '') -> PartitionSpec:
+  """`spec` with every dimension that does not divide evenly replicated.
+
+  A dimension of size n mapped to mesh axes of total size m stays sharded
+  iff n % m == 0; otherwise it becomes None (replicated), logged at INFO.
+  """
+  entries = tuple(spec) + (None,) * (len(shape) - len(spec))
+  if len(entries) > len(shape):
+    raise ValueError(f'{where or "array"}: spec {spec} has more entries than '
+                     f'shape {tuple(shape)} has dimensions.')
+  fitted = []
+  for dim, (size, axes) in enumerate(zip(shape, entries)):
+    ways = math.prod(axis_sizes[a] for a in _rule_mesh_axes(axes))
+    if axes is not None and size % ways:
+      _log.info('%s: dimension %d (size %d) does not divide over mesh axes %s '
+                '(%d ways): replicated.', where or 'array', dim, size, axes,
+                ways)
+      axes = None
+    fitted.append(axes)
+  while fitted and fitted[-1] is None:  # Canonical: P('data') not P('data', None).
+    fitted.pop()
+  return PartitionSpec(*fitted)
+
+
+def _is_spec(x) -> bool:
+  return isinstance(x, PartitionSpec)
+
+
+def logical_to_mesh_specs(logical_tree: PyTree, shapes_tree: PyTree,
+                          rules: LogicalAxisRules,
+                          axis_sizes: Mapping[str, int]) -> PyTree:
+  """Logical PartitionSpecs -> mesh PartitionSpecs fitted to the shapes.
+
+  `shapes_tree` holds arrays or ShapeDtypeStructs with the structure of
+  `logical_tree`. Every logical name must have a rule (use (name, None) to
+  replicate): an unknown name raises rather than being replicated unseen.
+  """
+  check_rules(rules, axis_sizes)
+  known = {name for name, _ in rules}
+  logical_leaves, treedef = jax.tree_util.tree_flatten(
+      flax.core.unfreeze(logical_tree), is_leaf=_is_spec)
+  shapes_with_paths, shapes_def = jax.tree_util.tree_flatten_with_path(
+      flax.core.unfreeze(shapes_tree))
+  if shapes_def != treedef:
+    raise ValueError(f'Logical axes and arrays differ in structure:\n'
+                     f'{treedef}\nvs\n{shapes_def}')
+  specs = []
+  for logical, (path, leaf) in zip(logical_leaves, shapes_with_paths):
+    where = jax.tree_util.keystr(path)
+    logical = PartitionSpec() if logical is None else logical
+    for name in logical:
+      if name is not None and name not in known:
+        raise ValueError(f'{where}: logical axis {name!r} has no rule; add '
+                         f'({name!r}, None) to replicate it or map it to a '
+                         'mesh axis.')
+    mesh_spec = nn.logical_to_mesh_axes(tuple(logical), rules)
+    specs.append(fit_spec(mesh_spec, np.shape(leaf), axis_sizes, where))
+  return jax.tree_util.tree_unflatten(treedef, specs)
+
+
+def named_shardings(mesh: Mesh, spec_tree: PyTree) -> PyTree:
+  return jax.tree_util.tree_map(lambda s: NamedSharding(mesh, s), spec_tree,
+                                is_leaf=_is_spec)
+
+
+@functools.lru_cache(maxsize=None)
+def _transformer_logical_axes(config: network.T5Config) -> PyTree:
+  return flax.core.unfreeze(network.param_logical_axes(config))
+
+
+def param_logical_axes(module: Any, params: PyTree) -> PyTree:
+  """Logical axes of one network's params.
+
+  A `network.Transformer` has T5X's names. Any other module (e.g. an n-gram
+  drafter) gets all-replicated params: it has no logical names.
+  """
+  if isinstance(module, network.Transformer):
+    return _transformer_logical_axes(module.config)
+  return jax.tree_util.tree_map(lambda _: PartitionSpec(),
+                                flax.core.unfreeze(params))
+
+
+def param_specs(model: models.SpeculativeEncoderDecoderModel, params: PyTree,
+                rules: LogicalAxisRules, axis_sizes: Mapping[str, int]) -> PyTree:
+  """Mesh PartitionSpecs for {'target': ..., 'drafter': ...} params.
+
+  Params of a network the model lacks (a drafter passed to a baseline
+  model) are replicated.
+  """
+  params = flax.core.unfreeze(params)
+  modules = {models.TARGET: model.module, models.DRAFTER: model.drafter_module}
+  specs = {}
+  for name, tree in params.items():
+    logical = param_logical_axes(modules.get(name), tree)
+    specs[name] = logical_to_mesh_specs(logical, tree, rules, axis_sizes)
+  return specs
+
+
+def cache_specs(cache: PyTree, rules: LogicalAxisRules,
+                axis_sizes: Mapping[str, int]) -> PyTree:
+  """Mesh PartitionSpecs for a decode cache (see network.CACHE_LOGICAL_AXES)."""
+  return logical_to_mesh_specs(network.cache_logical_axes(cache), cache,
+                               rules, axis_sizes)
+
+
+def batch_specs(batch: Mapping[str, Any], rules: LogicalAxisRules,
+                axis_sizes: Mapping[str, int]) -> dict:
+  """('batch', 'length') for every [B, L] feature."""
+  logical = {k: PartitionSpec('batch', 'length') for k in batch}
+  return logical_to_mesh_specs(logical, dict(batch), rules, axis_sizes)
+
+
+# -----------------------------------------------------------------------------
+# Memory accounting (no devices needed: works for simulated meshes).
+# -----------------------------------------------------------------------------
+
+
+def shard_shape(shape: Sequence[int], spec: PartitionSpec,
+                axis_sizes: Mapping[str, int]) -> Tuple[int, ...]:
+  """The per-device block of an array of `shape` laid out by a fitted spec."""
+  entries = tuple(spec) + (None,) * (len(shape) - len(spec))
+  out = []
+  for size, axes in zip(shape, entries):
+    ways = math.prod(axis_sizes[a] for a in _rule_mesh_axes(axes))
+    if size % ways:
+      raise ValueError(f'dimension {size} does not divide {ways} ways ({axes}); '
+                       'fit the spec first (fit_spec).')
+    out.append(size // ways)
+  return tuple(out)
+
+
+def leaf_bytes_per_device(shapes_tree: PyTree, spec_tree: PyTree,
+                          axis_sizes: Mapping[str, int],
+                          dtype: Optional[Any] = None) -> dict:
+  """{leaf path: bytes one device holds of it} for a tree laid out by specs.
+
+  With even sharding every device holds the same; a replicated leaf counts
+  in full on each device. `dtype` overrides the leaves' dtypes (e.g. to
+  account params stored in bfloat16); bool leaves keep 1 byte.
+  """
+  shapes = jax.tree_util.tree_flatten_with_path(
+      flax.core.unfreeze(shapes_tree))[0]
+  specs = jax.tree_util.tree_leaves(flax.core.unfreeze(spec_tree),
+                                    is_leaf=_is_spec)
+  if len(shapes) != len(specs):
+    raise ValueError(f'{len(shapes)} arrays but {len(specs)} specs.')
+  out = {}
+  for (path, leaf), spec in zip(shapes, specs):
+    leaf_dtype = np.dtype(leaf.dtype)
+    if dtype is not None and leaf_dtype != np.bool_:
+      leaf_dtype = np.dtype(dtype)
+    out[jax.tree_util.keystr(path)] = math.prod(
+        shard_shape(np.shape(leaf), spec, axis_sizes)) * leaf_dtype.itemsize
+  return out
+
+
+def bytes_per_device(shapes_tree: PyTree, spec_tree: PyTree,
+                     axis_sizes: Mapping[str, int],
+                     dtype: Optional[Any] = None) -> int:
+  """Bytes one device holds of a tree (see `leaf_bytes_per_device`)."""
+  return sum(leaf_bytes_per_device(shapes_tree, spec_tree, axis_sizes,
+                                   dtype).values())
+
+
+def total_bytes(shapes_tree: PyTree, dtype: Optional[Any] = None) -> int:
+  """Bytes of a whole tree (one copy), with `bytes_per_device`'s dtype rule."""
+  specs = jax.tree_util.tree_map(lambda _: PartitionSpec(),
+                                 flax.core.unfreeze(shapes_tree))
+  return bytes_per_device(shapes_tree, specs, {}, dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def abstract_params(config: network.T5Config) -> PyTree:
+  """The params tree as ShapeDtypeStructs (float32); allocates nothing."""
+  return jax.eval_shape(functools.partial(network.init_params, config),
+                        jax.random.PRNGKey(0))
+
+
+@functools.lru_cache(maxsize=None)
+def abstract_cache(config: network.T5Config, batch_size: int, input_len: int,
+                   cache_len: int) -> PyTree:
+  """The decode cache for [batch_size, input_len] inputs and `cache_len`
+  decode positions, as ShapeDtypeStructs (leaves in config.dtype)."""
+  module = network.Transformer(config)
+
+  def build(params, tokens):
+    encoded = module.apply({'params': params}, tokens, enable_dropout=False,
+                           method=module.encode)
+    _, variables = module.apply({'params': params}, encoded, tokens,
+                                cache_len, method=module.init_cache,
+                                mutable=['cache'])
+    return variables['cache']
+
+  return jax.eval_shape(build, abstract_params(config),
+                        jax.ShapeDtypeStruct((batch_size, input_len), np.int32))
+
+
+def network_memory(config: network.T5Config, axis_sizes: Mapping[str, int],
+                   rules: Optional[LogicalAxisRules] = None, *,
+                   batch_size: int, input_len: int, cache_len: int,
+                   param_dtype: Any = np.float32) -> dict:
+  """Bytes per device and in total of one network's params and caches.
+
+  Keys: params, self_cache (decoder self-attention K/V, `cache_len`
+  positions), cross_cache (encoder K/V projections and mask, `input_len`),
+  each per device, and the same with a `_total` suffix (one copy). Params
+  are counted in `param_dtype`, caches in their own dtype (config.dtype).
+  """
+  rules = standard_logical_axis_rules() if rules is None else rules
+  params = abstract_params(config)
+  param_mesh_specs = logical_to_mesh_specs(
+      _transformer_logical_axes(config), params, rules, axis_sizes)
+  cache = abstract_cache(config, batch_size, input_len, cache_len)
+  per_leaf = leaf_bytes_per_device(cache, cache_specs(cache, rules, axis_sizes),
+                                   axis_sizes)
+  whole = leaf_bytes_per_device(
+      cache, jax.tree_util.tree_map(lambda _: PartitionSpec(), cache), {})
+  is_self = lambda path: 'cached_' in path
+  return dict(
+      params=bytes_per_device(params, param_mesh_specs, axis_sizes,
+                              param_dtype),
+      params_total=total_bytes(params, param_dtype),
+      self_cache=sum(b for p, b in per_leaf.items() if is_self(p)),
+      self_cache_total=sum(b for p, b in whole.items() if is_self(p)),
+      cross_cache=sum(b for p, b in per_leaf.items() if not is_self(p)),
+      cross_cache_total=sum(b for p, b in whole.items() if not is_self(p)),
+  )
+
+
+# -----------------------------------------------------------------------------
+# Placing data, and getting it back.
+# -----------------------------------------------------------------------------
+
+
+def _put(x: Any, sharding: NamedSharding) -> jax.Array:
+  """x laid out by `sharding`; on multi-host every process passes the same x."""
+  if jax.process_count() == 1 or (isinstance(x, jax.Array) and
+                                  not x.is_fully_addressable):
+    return jax.device_put(x, sharding)
+  host = np.asarray(x)
+  return jax.make_array_from_callback(host.shape, sharding,
+                                      lambda index: host[index])
+
+
+def put_tree(tree: PyTree, shardings: PyTree) -> PyTree:
+  return jax.tree_util.tree_map(_put, tree, shardings)
+
+
+def to_host(tree: PyTree) -> PyTree:
+  """numpy copies of (possibly multi-host) global arrays, on every process."""
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    return multihost_utils.process_allgather(tree, tiled=True)
+  return jax.device_get(tree)
+
+
+# -----------------------------------------------------------------------------
+# Sharded predict.
+# -----------------------------------------------------------------------------
+
+
+def _signature(tree: PyTree) -> Tuple:
+  leaves, treedef = jax.tree_util.tree_flatten(flax.core.unfreeze(tree))
+  return (treedef,) + tuple((np.shape(x), str(x.dtype)) for x in leaves)
+
+
+class ShardedPredictor:
+  """`model.predict_batch_with_aux` jit-compiled over a ('data', 'model') mesh.
+
+  `predictor(params, batch, rng) -> (decodes, aux)` as `model.compile_predict`
+  gives, computed with params, both decode caches, the batch and the outputs
+  laid out by `rules` on `mesh`. One jit per batch shape; params are placed
+  on the mesh (no-op once `shard_params` did it).
+
+  `decoder_params` are static, as in `compile_predict`. A per-call
+  `temperature=` instead makes the temperature a traced scalar: one program
+  for every temperature (a sweep, t = 0 and t = 1 of the paper's tables),
+  at the price of computing both the argmax and the sampling branch.
+  """
+
+  def __init__(self, model: models.SpeculativeEncoderDecoderModel, mesh: Mesh,
+               rules: Optional[LogicalAxisRules] = None,
+               decoder_params: Optional[Mapping[str, Any]] = None,
+               num_decodes: int = 1, return_all_decodes: bool = False,
+               prompt_with_targets: bool = False):
+    self.model = model
+    self.mesh = mesh
+    self.rules = tuple(standard_logical_axis_rules() if rules is None
+                       else rules)
+    self.axis_sizes = mesh_axis_sizes(mesh)
+    check_rules(self.rules, self.axis_sizes)
+    self.decoder_params = dict(decoder_params or {})
+    self._predict_kwargs = dict(
+        num_decodes=num_decodes, return_all_decodes=return_all_decodes,
+        prompt_with_targets=prompt_with_targets,
+        constrain_cache=self.constrain_cache)
+    self._jitted = {}
+    self._param_shardings = {}
+
+  # Layouts. ---------------------------------------------------------------
+
+  def param_shardings(self, params: PyTree) -> PyTree:
+    key = _signature(params)
+    if key not in self._param_shardings:
+      self._param_shardings[key] = named_shardings(
+          self.mesh, param_specs(self.model, params, self.rules,
+                                 self.axis_sizes))
+    return self._param_shardings[key]
+
+  def cache_shardings(self, cache: PyTree) -> PyTree:
+    return named_shardings(self.mesh,
+                           cache_specs(cache, self.rules, self.axis_sizes))
+
+  def batch_shardings(self, batch: Mapping[str, Any]) -> dict:
+    return named_shardings(self.mesh,
+                           batch_specs(batch, self.rules, self.axis_sizes))
+
+  def output_sharding(self, batch_size: int) -> NamedSharding:
+    """Every output has the batch first: one sharding for all of them."""
+    spec = logical_to_mesh_specs(
+        PartitionSpec('batch'), jax.ShapeDtypeStruct((batch_size,), np.int32),
+        self.rules, self.axis_sizes)
+    return NamedSharding(self.mesh, spec)
+
+  def constrain_cache(self, cache: PyTree) -> PyTree:
+    """Pins a cache (inside jit) to its layout; {} (n-gram) passes through."""
+    if not jax.tree_util.tree_leaves(cache):
+      return cache
+    return jax.lax.with_sharding_constraint(cache, self.cache_shardings(cache))
+
+  def shard_params(self, params: PyTree) -> PyTree:
+    """Params laid out on the mesh (do this once, not per call)."""
+    return put_tree(flax.core.unfreeze(params), self.param_shardings(params))
+
+  # Calls. -----------------------------------------------------------------
+
+  def _inputs(self, params, batch, rng):
+    self.model.validate_batch(batch)
+    batch = {k: batch[k] for k in DATA_FEATURES}
+    params = flax.core.unfreeze(params)
+    return params, batch, rng
+
+  def init_caches(self, params: PyTree, batch: Mapping[str, Any]) -> dict:
+    """Both networks' fresh caches {'target': ..., 'drafter': ...}, sharded.
+
+    What the predict call builds internally, returned for inspection
+    (layouts, memory); compiled anew on each call.
+    """
+    params, batch, _ = self._inputs(params, batch, None)
+    modules = {models.TARGET: self.model.module,
+               models.DRAFTER: self.model.drafter_module}
+
+    def build(params, batch):
+      length = batch['decoder_input_tokens'].shape[1]
+      return {name: self.model._decoder_fns(  # pylint: disable=protected-access
+          module, params[name], batch['encoder_input_tokens'], length,
+          self.constrain_cache)[0]
+              for name, module in modules.items()
+              if module is not None and name in params}
+
+    caches = jax.eval_shape(build, params, batch)
+    out = {name: self.cache_shardings(cache) for name, cache in caches.items()}
+    jitted = jax.jit(build, in_shardings=(self.param_shardings(params),
+                                          self.batch_shardings(batch)),
+                     out_shardings=out)
+    return jitted(put_tree(params, self.param_shardings(params)),
+                  put_tree(batch, self.batch_shardings(batch)))
+
+  def _predict(self, params, batch, rng, temperature):
+    decoder_params = self.decoder_params
+    if temperature is not None:
+      decoder_params = dict(decoder_params, temperature=temperature)
+    return self.model.predict_batch_with_aux(
+        params, batch, rng, decoder_params=decoder_params,
+        **self._predict_kwargs)
+
+  def _compiled_and_args(self, params, batch, rng, temperature):
+    """The jitted predict for these shapes, and the arguments laid out."""
+    params, batch, rng = self._inputs(params, batch, rng)
+    if temperature is not None:
+      temperature = np.asarray(temperature, np.float32)
+      if temperature.ndim or not np.isfinite(temperature) or temperature < 0:
+        raise ValueError(f'temperature must be a finite scalar >= 0, got '
+                         f'{temperature}.')
+    param_sh = self.param_shardings(params)
+    batch_sh = self.batch_shardings(batch)
+    replicated = NamedSharding(self.mesh, PartitionSpec())
+    optional = lambda x: None if x is None else replicated
+    key = (_signature(params), _signature(batch),
+           None if rng is None else _signature(rng), temperature is None)
+    if key not in self._jitted:
+      batch_size = batch['encoder_input_tokens'].shape[0]
+      self._jitted[key] = jax.jit(
+          self._predict,
+          in_shardings=(param_sh, batch_sh, optional(rng),
+                        optional(temperature)),
+          out_shardings=self.output_sharding(batch_size))
+    place = lambda x: None if x is None else _put(x, replicated)
+    args = (put_tree(params, param_sh), put_tree(batch, batch_sh), place(rng),
+            place(temperature))
+    return self._jitted[key], args
+
+  def lower(self, params: PyTree, batch: Mapping[str, Any],
+            rng: Optional[jax.Array] = None, temperature=None):
+    """`jax.stages.Lowered` of the call (HLO, `.compile().memory_analysis()`)."""
+    jitted, args = self._compiled_and_args(params, batch, rng, temperature)
+    return jitted.lower(*args)
+
+  def __call__(self, params: PyTree, batch: Mapping[str, Any],
+               rng: Optional[jax.Array] = None, temperature=None):
+    """(decodes, aux); `temperature` (optional) overrides decoder_params'."""
+    jitted, args = self._compiled_and_args(params, batch, rng, temperature)
+    return jitted(*args)
+
+
+def compile_predict_sharded(
+    model: models.SpeculativeEncoderDecoderModel, mesh: Mesh,
+    rules: Optional[LogicalAxisRules] = None,
+    decoder_params: Optional[Mapping[str, Any]] = None, num_decodes: int = 1,
+    return_all_decodes: bool = False,
+    prompt_with_targets: bool = False) -> ShardedPredictor:
+  """The sharded counterpart of `model.compile_predict(decoder_params, ...)`."""
+  return ShardedPredictor(model, mesh, rules, decoder_params, num_decodes,
+                          return_all_decodes, prompt_with_targets)
+
+
+# -----------------------------------------------------------------------------
+# Multi-host.
+# -----------------------------------------------------------------------------
+
+MULTIHOST_ENV = 'SPECDEC_MULTIHOST'
+# Process counts set by launchers (Slurm, Open MPI, MPICH/PMI).
+_PROCESS_COUNT_ENVS = ('SLURM_NTASKS', 'OMPI_COMM_WORLD_SIZE', 'PMI_SIZE')
+
+
+def _env_says_multihost(coordinator_address: Optional[str],
+                        num_processes: Optional[int]) -> bool:
+  env = os.environ
+  flag = env.get(MULTIHOST_ENV)
+  if flag is not None:
+    if flag.lower() in ('1', 'true', 'yes'):
+      return True
+    if flag.lower() in ('0', 'false', 'no', ''):
+      return False
+    raise ValueError(f'{MULTIHOST_ENV}={flag!r}: use 1 or 0.')
+  if num_processes is not None:
+    return num_processes > 1
+  if coordinator_address or env.get('JAX_COORDINATOR_ADDRESS'):
+    return True
+  for name in _PROCESS_COUNT_ENVS:
+    value = env.get(name, '')
+    if value.isdigit() and int(value) > 1:
+      return True
+  # Cloud TPU pod slices on GKE list every worker here.
+  hosts = [h for h in env.get('TPU_WORKER_HOSTNAMES', '').split(',') if h]
+  return len(hosts) > 1
+
+
+def initialize_multihost(coordinator_address: Optional[str] = None,
+                         num_processes: Optional[int] = None,
+                         process_id: Optional[int] = None,
+                         local_device_ids: Optional[Sequence[int]] = None,
+                         *, enabled: Optional[bool] = None) -> bool:
+  """`jax.distributed.initialize(...)` on multi-host runs; True if it called it.
+
+  Call it before any other JAX work. `enabled=None` decides from the
+  environment: SPECDEC_MULTIHOST=1/0 forces it; else multi-host means
+  num_processes > 1, a coordinator address (argument or
+  JAX_COORDINATOR_ADDRESS), a launcher's process count > 1 (SLURM_NTASKS,
+  OMPI_COMM_WORLD_SIZE, PMI_SIZE) or several TPU_WORKER_HOSTNAMES. Cloud TPU
+  VM pod slices that set none of these: pass enabled=True (or set
+  SPECDEC_MULTIHOST=1) and JAX finds the workers from TPU metadata. A
+  single process is a no-op (JAX sees its local devices without it), as is
+  a second call.
+  """
+  if enabled is None:
+    enabled = _env_says_multihost(coordinator_address, num_processes)
+  if not enabled:
+    _log.info('Single host: jax.distributed.initialize not called.')
+    return False
+  is_initialized = getattr(jax.distributed, 'is_initialized', None)
+  if is_initialized is not None and is_initialized():
+    return False
+  kwargs = dict(coordinator_address=coordinator_address,
+                num_processes=num_processes, process_id=process_id,
+                local_device_ids=local_device_ids)
+  jax.distributed.initialize(**{k: v for k, v in kwargs.items()
+                                if v is not None})
+  _log.info('jax.distributed initialised: process %d of %d.',
+            jax.process_index(), jax.process_count())
+  return True
