@@ -208,8 +208,11 @@ def _load_done(path: str) -> Dict[int, dict]:
 def run(target_module, target_params, drafter_module, drafter_params, task_name: str, split: str,
         lengths: Mapping[str, int], setting: Setting, output_dir: str, max_examples: Optional[int] = None,
         drafter_name: str = 'drafter', log_every: int = 8, write_plot: bool = True,
-        extra_info: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+        extra_info: Optional[Mapping[str, Any]] = None, mesh=None) -> Dict[str, Any]:
   """Benchmarks baseline vs speculative decoding on a task split; writes results into `output_dir`.
+
+  With a ('data', 'model') `mesh` (`partitioning.make_mesh`) both decoders run sharded by T5X's rules
+  (`partitioning.compile_predict_sharded`); otherwise jit on the default device.
 
   Returns the summary (also written to `output_dir/benchmark.json`).
   """
@@ -227,10 +230,20 @@ def run(target_module, target_params, drafter_module, drafter_params, task_name:
     raise ValueError(f'{task_name}:{split} gave no examples.')
 
   baseline, speculative = _models(target_module, drafter_module, vocab)
+  base_params = {'target': target_params}
   params = {'target': target_params, 'drafter': drafter_params}
-  base_predict = baseline.compile_predict(setting.decoder_params())
-  spec_predict = speculative.compile_predict(
-      dict(setting.decoder_params(), gamma=setting.gamma, return_stats=True))
+  spec_decoder_params = dict(setting.decoder_params(), gamma=setting.gamma, return_stats=True)
+  if mesh is None:
+    base_predict = baseline.compile_predict(setting.decoder_params())
+    spec_predict = speculative.compile_predict(spec_decoder_params)
+    to_host = lambda tree: jax.tree_util.tree_map(np.asarray, tree)
+  else:
+    from specdec import partitioning  # pylint: disable=g-import-not-at-top
+    base_predict = partitioning.compile_predict_sharded(baseline, mesh, decoder_params=setting.decoder_params())
+    spec_predict = partitioning.compile_predict_sharded(speculative, mesh, decoder_params=spec_decoder_params)
+    params = spec_predict.shard_params(params)
+    base_params = {'target': params['target']}
+    to_host = partitioning.to_host
   eos_id = baseline.eos_id
 
   batches = make_batches(examples, lengths, setting.batch_size, setting.length_buckets)
@@ -254,18 +267,17 @@ def run(target_module, target_params, drafter_module, drafter_params, task_name:
       shape = batch['encoder_input_tokens'].shape
       if shape not in warm:  # compile + one untimed run of each decoder for this input shape
         warm_start = time.perf_counter()
-        jax.block_until_ready(base_predict(params, batch, rng))
+        jax.block_until_ready(base_predict(base_params, batch, rng))
         jax.block_until_ready(spec_predict(params, batch, rng))
         warm.add(shape)
         warmup_s += time.perf_counter() - warm_start
       base_times, spec_times = [], []
       for _ in range(setting.repeats):  # interleaved, so slow drifts of the machine hit both alike
-        t, (base_out, _) = _timed(base_predict, params, batch, rng)
+        t, (base_out, _) = _timed(base_predict, base_params, batch, rng)
         base_times.append(t)
         t, (spec_out, spec_aux) = _timed(spec_predict, params, batch, rng)
         spec_times.append(t)
-      base_out, spec_out = np.asarray(base_out), np.asarray(spec_out)
-      stats = jax.tree_util.tree_map(np.asarray, spec_aux['stats'])
+      base_out, spec_out, stats = to_host((base_out, spec_out, spec_aux['stats']))
       base_s, spec_s = float(np.median(base_times)), float(np.median(spec_times))
       for row, i in enumerate(idx):
         ex = examples[i]

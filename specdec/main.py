@@ -33,6 +33,7 @@ from specdec import gin_utils
 from specdec import models
 from specdec import network
 from specdec import ngram
+from specdec import partitioning
 from specdec import tables
 from specdec import tasks
 
@@ -40,12 +41,14 @@ DEFAULT_GIN_FILE = 'experiments/cpu/main_job.gin'
 MODES = ('infer', 'eval', 'benchmark', 'table')
 
 
-def load_network(checkpoint: str, config: Optional[network.T5Config] = None, dtype: Optional[str] = None):
+def load_network(checkpoint: str, config: Optional[network.T5Config] = None, dtype: Optional[str] = None,
+                 mesh=None):
   """(module, params) from a checkpoint directory.
 
   The project's compact format and n-gram drafters carry their own config. T5X, Hugging Face and Orbax
   checkpoints are read into `config` (from gin: e.g. gin/models/target_t5_1_1_xxl.gin), or into the
-  config a Hugging Face directory describes.
+  config a Hugging Face directory describes; with a `mesh`, each array is read straight into its shards
+  (T5X's rules), so a large model is never materialised whole on one host.
   """
   if not checkpoint:
     raise ValueError('No checkpoint given (set TARGET_CHECKPOINT / DRAFTER_CHECKPOINT in gin).')
@@ -59,8 +62,14 @@ def load_network(checkpoint: str, config: Optional[network.T5Config] = None, dty
   if config is None:
     raise ValueError(f'{checkpoint} ({checkpoints.detect_format(checkpoint)} format) carries no network '
                      'config: give one in gin (include a gin/models/*_t5_1_1_*.gin file).')
-  params = checkpoints.restore_params(checkpoint, config, dtype=dtype)
-  return network.Transformer(config), params
+  module = network.Transformer(config)
+  shardings = None
+  if mesh is not None:
+    layout = partitioning.compile_predict_sharded(
+        models.SpeculativeEncoderDecoderModel(module, None, decode_fn=decoding.temperature_sample), mesh)
+    shardings = layout.param_shardings({'target': checkpoints.expected_params(config)})['target']
+  params = checkpoints.restore_params(checkpoint, config, shardings=shardings, dtype=dtype)
+  return module, params
 
 
 EMBEDDED_TEST_SLICES = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'assets', 'test_slices')
@@ -90,7 +99,8 @@ class Row:
   drafter_checkpoint: str = ''
 
 
-def _decode_split(model, params, task_name, split, lengths, setting, output_dir, max_examples, log_every=8):
+def _decode_split(model, params, task_name, split, lengths, setting, output_dir, max_examples, log_every=8,
+                  mesh=None):
   """Decodes a split with `model`, appending predictions.jsonl as batches finish (resumable)."""
   import seqio  # pylint: disable=g-import-not-at-top
   task = seqio.get_mixture_or_task(task_name)
@@ -101,7 +111,13 @@ def _decode_split(model, params, task_name, split, lengths, setting, output_dir,
   decoder_params = setting.decoder_params()
   if speculative:
     decoder_params.update(gamma=setting.gamma, return_stats=True)
-  predict = model.compile_predict(decoder_params)
+  if mesh is None:
+    predict = model.compile_predict(decoder_params)
+    to_host = lambda tree: jax.tree_util.tree_map(np.asarray, tree)
+  else:
+    predict = partitioning.compile_predict_sharded(model, mesh, decoder_params=decoder_params)
+    params = predict.shard_params(params)
+    to_host = partitioning.to_host
   path = os.path.join(output_dir, 'predictions.jsonl')
   done = benchmark._load_done(path)  # pylint: disable=protected-access
   checkpoints.atomic_write(path, ''.join(json.dumps(r) + '\n' for r in done.values()).encode())
@@ -114,8 +130,7 @@ def _decode_split(model, params, task_name, split, lengths, setting, output_dir,
       if all(i in done for i in idx):
         continue
       decodes, aux = predict(params, batch, jax.random.PRNGKey(setting.seed + batch_no))
-      decodes = np.asarray(decodes)
-      stats = jax.tree_util.tree_map(np.asarray, aux.get('stats', {}))
+      decodes, stats = to_host((decodes, aux.get('stats', {})))
       for row, i in enumerate(idx):
         rec = {'index': i, 'inputs': examples[i]['inputs_pretokenized'].decode('utf-8'),
                'reference': examples[i]['targets_pretokenized'].decode('utf-8'),
@@ -168,7 +183,8 @@ def run(output_dir: str = gin.REQUIRED,
         table_name: str = 'Table 2 analogue',
         corpus_dir: Optional[str] = None,
         vocab_path: Optional[str] = None,
-        dtype: Optional[str] = None) -> Dict[str, Any]:
+        dtype: Optional[str] = None,
+        num_partitions: Optional[int] = None) -> Dict[str, Any]:
   """Runs one experiment (see the module docstring for the modes); returns its summary."""
   if mode not in MODES:
     raise ValueError(f'mode must be one of {MODES}, got {mode!r}.')
@@ -186,11 +202,14 @@ def run(output_dir: str = gin.REQUIRED,
     benchmark.Setting(gamma=r.gamma, temperature=r.temperature).validate()
   if mode in ('benchmark',) and not drafter_checkpoint:
     raise ValueError('The benchmark needs a drafter: set DRAFTER_CHECKPOINT.')
+  # Model-parallel over `num_partitions` devices, data-parallel over the rest (T5X's rules); None: one device.
+  mesh = partitioning.make_mesh(num_partitions) if num_partitions else None
   register_tasks(corpus_dir, vocab_path)
   os.makedirs(output_dir, exist_ok=True)
-  print(f'specdec {mode}: task {task}:{split}, output {output_dir}', flush=True)
+  print(f'specdec {mode}: task {task}:{split}, output {output_dir}'
+        + (f', mesh {dict(mesh.shape)}' if mesh is not None else ''), flush=True)
 
-  target_module, target_params = load_network(target_checkpoint, target_config, dtype)
+  target_module, target_params = load_network(target_checkpoint, target_config, dtype, mesh)
   if mode == 'table':
     summaries = []
     for row in rows:
@@ -198,11 +217,11 @@ def run(output_dir: str = gin.REQUIRED,
       # Without a checkpoint, a row's drafter is a sibling of the target (the shipped family's layout).
       drafter_dir = row.drafter_checkpoint or os.path.join(os.path.dirname(os.path.normpath(target_checkpoint)),
                                                            row.drafter)
-      drafter_module, drafter_params = load_network(drafter_dir, drafter_config, dtype)
+      drafter_module, drafter_params = load_network(drafter_dir, drafter_config, dtype, mesh)
       row_setting = dataclasses.replace(setting, gamma=row.gamma, temperature=row.temperature)
       summaries.append(benchmark.run(
           target_module, target_params, drafter_module, drafter_params, row.task, split, lengths,
-          row_setting, os.path.join(output_dir, name), max_examples, drafter_name=row.drafter))
+          row_setting, os.path.join(output_dir, name), max_examples, drafter_name=row.drafter, mesh=mesh))
     text = tables.table2_markdown(summaries, title=table_name)
     checkpoints.atomic_write(os.path.join(output_dir, 'table.md'), text.encode())
     checkpoints.atomic_write(os.path.join(output_dir, 'table.json'), json.dumps(summaries, indent=2).encode())
@@ -211,12 +230,12 @@ def run(output_dir: str = gin.REQUIRED,
 
   drafter_module = drafter_params = None
   if drafter_checkpoint:
-    drafter_module, drafter_params = load_network(drafter_checkpoint, drafter_config, dtype)
+    drafter_module, drafter_params = load_network(drafter_checkpoint, drafter_config, dtype, mesh)
   drafter_name = drafter_name or (os.path.basename(os.path.normpath(drafter_checkpoint))
                                   if drafter_checkpoint else 'none')
   if mode == 'benchmark':
     summary = benchmark.run(target_module, target_params, drafter_module, drafter_params, task, split,
-                            lengths, setting, output_dir, max_examples, drafter_name=drafter_name)
+                            lengths, setting, output_dir, max_examples, drafter_name=drafter_name, mesh=mesh)
     print(benchmark.markdown(summary), flush=True)
     return summary
 
@@ -227,7 +246,7 @@ def run(output_dir: str = gin.REQUIRED,
   if drafter_module is not None:
     params['drafter'] = drafter_params
   task_obj, examples, records = _decode_split(model, params, task, split, lengths, setting, output_dir,
-                                              max_examples)
+                                              max_examples, mesh=mesh)
   summary = {'task': task, 'split': split, 'drafter': drafter_name, 'setting': dataclasses.asdict(setting),
              'statistics': _decode_statistics(records)}
   if mode == 'eval':
@@ -248,7 +267,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
   if rest:
     raise SystemExit(f'Unknown arguments: {rest} (use --gin_file=PATH, --gin.NAME=VALUE, --multihost).')
   if multihost:
-    jax.distributed.initialize()
+    partitioning.initialize_multihost(enabled=True)
   gin_utils.parse(files or [DEFAULT_GIN_FILE], bindings)
   # The gin files register this module's `run` (dynamic registration); its configurable carries the bindings.
   gin.get_configurable(run)()
