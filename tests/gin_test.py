@@ -1,5 +1,6 @@
 """The gin configs in gin/ parse and build the models they describe."""
 
+import inspect
 import os
 
 import gin
@@ -8,9 +9,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from specdec import benchmark
 from specdec import decoding
+from specdec import gin_utils
+from specdec import main
 from specdec import models
 from specdec import network
+from specdec import tables
+from specdec import tasks
 
 GIN_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'gin')
 
@@ -68,3 +74,136 @@ def test_gin_configured_decoding_is_exact():
                 tiny + _tiny_bindings('target'))
   base_out, _ = base.compile_predict()({'target': params['target']}, batch)
   np.testing.assert_array_equal(spec_out, base_out)
+
+
+# -----------------------------------------------------------------------------
+# gin/experiments: the launcher's experiment files
+# -----------------------------------------------------------------------------
+
+EXPERIMENTS_DIR = os.path.join(GIN_DIR, 'experiments')
+EXPERIMENT_FILES = sorted(
+    os.path.relpath(os.path.join(d, f), GIN_DIR)
+    for d, _, files in os.walk(EXPERIMENTS_DIR) for f in files if f.endswith('.gin'))
+KNOWN_TASKS = tasks.LOCAL_TASKS + tasks.PAPER_TASKS
+RUN_DEFAULTS = {k: p.default for k, p in inspect.signature(main.run).parameters.items()}
+
+
+def _resolve(value):
+  """Evaluates gin references (%MACRO, @scope/fn()) inside a queried value."""
+  if isinstance(value, gin.config.ConfigurableReference):
+    return _resolve(value.scoped_configurable_fn())
+  if isinstance(value, dict):
+    return {k: _resolve(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return type(value)(_resolve(v) for v in value)
+  return value
+
+
+def _run_params(path, bindings=()):
+  """main.run's parameters as the experiment file (plus `bindings`) sets them, defaults elsewhere."""
+  gin.clear_config()
+  gin_utils.parse([path], ["OUTPUT_DIR = '/tmp/specdec_gin_test'"] + list(bindings))
+  params = {}
+  for name, default in RUN_DEFAULTS.items():
+    try:
+      params[name] = _resolve(gin.query_parameter(f'main.run.{name}'))
+    except ValueError:  # not bound: main.run's default
+      params[name] = default
+  return params
+
+
+def test_experiment_files_are_found():
+  assert len(EXPERIMENT_FILES) >= 26  # 2 CPU bases + 12 CPU rows + the XXL base + 12 XXL rows
+
+
+@pytest.mark.parametrize('path', EXPERIMENT_FILES)
+def test_experiment_file_parses_and_binds_a_valid_run(path):
+  # The XXL base is an include: its rows bind DRAFTER_CHECKPOINT.
+  bindings = ["DRAFTER_CHECKPOINT = 'x'"] if path.endswith('table2/xxl_base.gin') else []
+  p = _run_params(path, bindings)
+  assert p['output_dir'] == '/tmp/specdec_gin_test'  # everything goes under OUTPUT_DIR
+  assert p['mode'] in main.MODES
+  assert p['task'] in KNOWN_TASKS
+  assert p['split'] in tasks.SPLITS
+  assert set(dict(p['feature_lengths'])) == {'inputs', 'targets'}
+  assert all(isinstance(n, int) and n > 0 for n in dict(p['feature_lengths']).values())
+  assert isinstance(p['gamma'], int) and not isinstance(p['gamma'], bool) and p['gamma'] >= 1
+  assert p['temperature'] >= 0
+  assert not (p['topk'] and p['topp'])
+  assert p['target_checkpoint'] is not gin.REQUIRED and p['target_checkpoint']
+  if p['mode'] == 'benchmark' and not path.endswith('base.gin'):
+    assert p['drafter_checkpoint']
+  if p['mode'] == 'table':
+    assert p['rows']
+    for row in p['rows']:
+      row = row if isinstance(row, main.Row) else main.Row(**row)
+      assert row.task in KNOWN_TASKS and row.temperature >= 0
+      assert isinstance(row.gamma, int) and row.gamma >= 1
+  # The launcher's own validation accepts the setting.
+  benchmark.Setting(gamma=p['gamma'], temperature=p['temperature'], topk=p['topk'], topp=p['topp'],
+                    batch_size=p['batch_size'], repeats=p['repeats']).validate()
+
+
+# The paper's Table 2 (T5-XXL target): (task, drafter, temperature) -> γ.
+PAPER_TABLE2_GAMMA = {
+    ('ende', 'small', 0): 7, ('ende', 'base', 0): 7, ('ende', 'large', 0): 7,
+    ('ende', 'small', 1): 7, ('ende', 'base', 1): 5, ('ende', 'large', 1): 3,
+    ('cnndm', 'small', 0): 5, ('cnndm', 'base', 0): 5, ('cnndm', 'large', 0): 3,
+    ('cnndm', 'small', 1): 5, ('cnndm', 'base', 1): 3, ('cnndm', 'large', 1): 3,
+}
+PAPER_TASK = {'ende': tasks.WMT_ENDE_TASK, 'cnndm': tasks.CNN_DAILYMAIL_TASK}
+
+
+def test_xxl_table2_rows_are_the_papers_twelve():
+  files = sorted(f for f in os.listdir(os.path.join(EXPERIMENTS_DIR, 'table2')) if f != 'xxl_base.gin')
+  assert files == sorted(f'xxl_{t}_{d}_t{temp}.gin' for t, d, temp in PAPER_TABLE2_GAMMA)
+
+
+@pytest.mark.parametrize('task, drafter, temp', sorted(PAPER_TABLE2_GAMMA))
+def test_xxl_table2_row(task, drafter, temp):
+  p = _run_params(f'experiments/table2/xxl_{task}_{drafter}_t{temp}.gin')
+  assert p['mode'] == 'benchmark'
+  assert p['task'] == PAPER_TASK[task]
+  assert p['drafter_name'] == drafter
+  assert p['temperature'] == float(temp)
+  assert p['gamma'] == PAPER_TABLE2_GAMMA[(task, drafter, temp)]
+  assert p['batch_size'] == 1  # the paper's setting
+  assert (task, drafter, float(temp)) in tables.PAPER_TABLE2
+  assert tables.paper_row(p['task'], p['drafter_name'], p['temperature'])[0] == p['gamma']
+  # T5 1.1 XXL target and the named drafter size, with T5's vocabulary; configs only (nothing materialised).
+  assert p['target_config'] == network.t5_1_1_config('xxl', dtype='bfloat16', dropout_rate=0.0)
+  assert p['drafter_config'] == network.t5_1_1_config(drafter, dtype='bfloat16', dropout_rate=0.0)
+  assert p['target_config'].vocab_size == p['drafter_config'].vocab_size == 32128
+  assert p['target_config'].emb_dim == 4096 and p['target_config'].num_encoder_layers == 24
+  assert f't5_1_1_{drafter}' in p['drafter_checkpoint']
+  assert 't5_1_1_xxl' in p['target_checkpoint']
+  assert p['vocab_path'] == tasks.T5_DEFAULT_VOCAB_PATH
+  assert p['dtype'] == 'bfloat16'
+
+
+CPU_ROWS = [(t, d, temp) for t in ('ende', 'summ') for d in (1, 2, 3) for temp in (0, 1)]
+CPU_TASK = {'ende': tasks.ENDE_LOCAL_TASK, 'summ': tasks.SUMMARIZE_LOCAL_TASK}
+
+
+def test_cpu_table2_rows_cover_tasks_drafters_and_temperatures():
+  files = sorted(os.listdir(os.path.join(EXPERIMENTS_DIR, 'cpu', 'table2')))
+  assert files == sorted(f'{t}_d{d}_t{temp}.gin' for t, d, temp in CPU_ROWS)
+
+
+@pytest.mark.parametrize('task, drafter, temp', CPU_ROWS)
+def test_cpu_table2_row(task, drafter, temp):
+  p = _run_params(f'experiments/cpu/table2/{task}_d{drafter}_t{temp}.gin')
+  assert p['mode'] == 'benchmark'
+  assert p['task'] == CPU_TASK[task]
+  assert p['drafter_name'] == f'd{drafter}'
+  assert p['drafter_checkpoint'] == f'models/cpu/d{drafter}'
+  assert p['target_checkpoint'] == 'models/cpu/target'
+  repo = os.path.dirname(GIN_DIR)  # the paths are relative to the repository root, where they are shipped
+  for path in (p['target_checkpoint'], p['drafter_checkpoint']):
+    assert os.path.isfile(os.path.join(repo, path, 'config.json')), path
+  assert p['temperature'] == float(temp)
+  assert p['gamma'] >= 1
+  assert p['batch_size'] == 1
+  # The shipped family's compact checkpoints carry their configs: none is given in gin.
+  assert p['target_config'] is None and p['drafter_config'] is None
+  assert tables.paper_row(p['task'], p['drafter_name'], p['temperature']) is not None

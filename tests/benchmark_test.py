@@ -1,0 +1,499 @@
+"""Tests for specdec/benchmark.py (CPU, a 1-layer random T5 and the fixture corpus).
+
+The pure parts (buckets, batches, token counts, the summary, the outputs) are checked on hand-made data with
+numbers worked out by hand; the end-to-end `run` uses a tiny random target whose drafter is a copy of it, so
+greedy speculative decoding must match the baseline exactly and accept every draft (α = 1).
+"""
+
+import csv
+import json
+import math
+import os
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specdec import benchmark
+from specdec import network
+from specdec import tasks
+from specdec import theory
+
+TESTDATA = os.path.join(os.path.dirname(__file__), 'testdata', 'tasks')
+FIXTURE_CORPUS = os.path.join(TESTDATA, 'corpus')
+# The shipped vocabulary has 8100 ids (8000 pieces + 100 sentinels); the CPU family pads it to 8192.
+VOCAB_SIZE = 8192
+LENGTHS = {'inputs': 16, 'targets': 8}
+EOS = 1
+
+
+def tiny_config(vocab_size=VOCAB_SIZE, **overrides):
+  fields = dict(vocab_size=vocab_size, emb_dim=16, num_heads=2, head_dim=8, num_encoder_layers=1,
+                num_decoder_layers=1, mlp_dim=32, dropout_rate=0.0, dtype=jnp.float32)
+  fields.update(overrides)
+  return network.T5Config(**fields)
+
+
+@pytest.fixture(scope='module')
+def tiny():
+  config = tiny_config()
+  params = network.init_params(config, jax.random.PRNGKey(0))
+  return network.Transformer(config), params
+
+
+# -----------------------------------------------------------------------------
+# bucket_length, make_batches, num_tokens
+# -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize('length, max_length, expected', [
+    (1, 96, 8), (8, 96, 8), (9, 96, 16), (17, 96, 32), (33, 96, 64), (65, 96, 96), (96, 96, 96),
+    (20, 16, 16),  # the bucket (32) is capped at the configured length
+    (97, 128, 128), (129, 512, 192), (5000, 8192, 8192),  # past the last bucket: the configured length
+])
+def test_bucket_length(length, max_length, expected):
+  assert benchmark.bucket_length(length, max_length) == expected
+
+
+def test_bucket_length_without_buckets_is_the_configured_length():
+  assert benchmark.bucket_length(3, 96, use_buckets=False) == 96
+  assert benchmark.bucket_length(96, 96, use_buckets=False) == 96
+
+
+def _examples(lengths):
+  return [{'inputs': np.arange(2, 2 + n, dtype=np.int32) + 10 * i} for i, n in enumerate(lengths)]
+
+
+def test_make_batches_groups_pads_and_buckets():
+  examples = _examples([3, 12, 5, 40, 7])
+  batches = benchmark.make_batches(examples, {'inputs': 32, 'targets': 6}, batch_size=2)
+  assert [idx for idx, _ in batches] == [[0, 1], [2, 3], [4]]
+  # Padded to the bucket of the longest input of each batch: 12 -> 16; 40 -> 64 capped at 32; 7 -> 8.
+  assert [b['encoder_input_tokens'].shape for _, b in batches] == [(2, 16), (2, 32), (2, 8)]
+  for idx, batch in batches:
+    assert batch['encoder_input_tokens'].dtype == np.int32
+    np.testing.assert_array_equal(batch['decoder_input_tokens'], np.zeros((2, 6), np.int32))
+    enc = batch['encoder_input_tokens']
+    for row, i in enumerate(idx):
+      tokens = examples[i]['inputs'][:enc.shape[1]]
+      np.testing.assert_array_equal(enc[row, :len(tokens)], tokens)
+      assert not enc[row, len(tokens):].any()  # zero padding
+  # The long input is cut at the configured length.
+  np.testing.assert_array_equal(batches[1][1]['encoder_input_tokens'][1], examples[3]['inputs'][:32])
+  # The last, partial batch keeps the batch shape: its missing row is all zeros.
+  assert not batches[2][1]['encoder_input_tokens'][1].any()
+
+
+def test_make_batches_without_buckets_and_batch_one():
+  examples = _examples([3, 12, 5])
+  batches = benchmark.make_batches(examples, {'inputs': 20, 'targets': 4}, batch_size=1,
+                                   use_buckets=False)
+  assert [idx for idx, _ in batches] == [[0], [1], [2]]
+  assert all(b['encoder_input_tokens'].shape == (1, 20) for _, b in batches)
+  assert all(b['decoder_input_tokens'].shape == (1, 4) for _, b in batches)
+
+
+@pytest.mark.parametrize('decode, expected', [
+    ([5, 6, EOS, 0, 0], 3),    # up to and including EOS
+    ([EOS, 0, 0, 0], 1),       # EOS first
+    ([4, EOS, 5, EOS], 2),     # the first EOS counts
+    ([5, 6, 7], 3),            # no EOS: every token of a full-length decode
+    ([5, 6, 0, 0], 2),         # no EOS: the nonzero tokens
+])
+def test_num_tokens(decode, expected):
+  assert benchmark.num_tokens(np.asarray(decode), EOS) == expected
+
+
+def test_num_tokens_other_eos_id():
+  assert benchmark.num_tokens(np.asarray([3, 9, 9, 4]), eos_id=9) == 2
+
+
+# -----------------------------------------------------------------------------
+# Call costs
+# -----------------------------------------------------------------------------
+
+
+def test_time_decode_calls_is_positive_and_finite(tiny):
+  module, params = tiny
+  enc = np.random.RandomState(0).randint(2, 100, (1, 8)).astype(np.int32)
+  for k in (1, 3):
+    t = benchmark.time_decode_calls(module, params, enc, max_decode_length=8, num_new_tokens=k,
+                                    num_calls=3, repeats=2)
+    assert isinstance(t, float) and math.isfinite(t) and t > 0
+
+
+def test_measure_costs_ratios(monkeypatch):
+  calls = []
+  fake_times = {('target', 1): 0.010, ('target', 5): 0.013, ('drafter', 1): 0.002}
+
+  def fake_time(module, params, enc, max_decode_length, num_new_tokens, **kwargs):
+    del params, enc, kwargs
+    calls.append((module, num_new_tokens, max_decode_length))
+    return fake_times[(module, num_new_tokens)]
+
+  monkeypatch.setattr(benchmark, 'time_decode_calls', fake_time)
+  costs = benchmark.measure_costs('target', 'tp', 'drafter', 'dp', np.zeros((1, 8), np.int32), 12, gamma=4)
+  assert sorted(calls) == sorted([('target', 1, 12), ('target', 5, 12), ('drafter', 1, 12)])
+  assert costs['target_call_s'] == 0.010
+  assert costs['verify_call_s'] == 0.013
+  assert costs['draft_call_s'] == 0.002
+  assert costs['c'] == pytest.approx(0.2)
+  assert costs['verify_cost_ratio'] == pytest.approx(1.3)
+
+
+# -----------------------------------------------------------------------------
+# divergence_margin
+# -----------------------------------------------------------------------------
+
+
+def _step_logits(module, params, enc_1l, tokens):
+  """Logits [len(tokens), V] after each prefix, one cached 1-token call at a time (not __call__)."""
+  enc = jnp.asarray(enc_1l[None])
+  encoded = module.apply({'params': params}, enc, enable_dropout=False, method=module.encode)
+  _, variables = module.apply({'params': params}, encoded, enc, len(tokens) + 1,
+                              method=module.init_cache, mutable=['cache'])
+  cache = variables['cache']
+
+  @jax.jit
+  def step(cache, tok, pos):
+    logits, new_vars = module.apply({'params': params, 'cache': cache}, jnp.full((1, 1), tok, jnp.int32),
+                                    jnp.full((1,), pos, jnp.int32), method=module.decode_step,
+                                    mutable=['cache'])
+    return logits[0, -1], new_vars['cache']
+
+  out = []
+  for pos, tok in enumerate([0] + list(tokens)):
+    logits, cache = step(cache, tok, pos)
+    out.append(np.asarray(logits, np.float32))
+  return np.stack(out)
+
+
+def test_divergence_margin_against_teacher_forcing(tiny):
+  module, params = tiny
+  rng = np.random.RandomState(1)
+  enc = rng.randint(2, 8000, (8,)).astype(np.int32)
+  pos = 3
+  prefix = list(rng.randint(2, 8000, (pos,)))
+  step_logits = _step_logits(module, params, enc, prefix)
+  logits = step_logits[pos]
+  top, second = np.argsort(logits)[::-1][:2]
+  assert top > 1 and second > 1  # real tokens (not pad / EOS) for this seed
+  tail = list(rng.randint(2, 8000, (4,)))
+  baseline = np.asarray(prefix + [top] + tail, np.int32)
+  speculative = np.asarray(prefix + [second] + [7, 7, 7, 7], np.int32)  # differs from `pos` on
+  gap = float(logits[top] - logits[second])
+  assert gap > 0
+
+  got = benchmark.divergence_margin(module, params, enc, baseline, speculative)
+  assert got['position'] == pos
+  assert (got['baseline_token'], got['speculative_token']) == (top, second)
+  assert got['margin'] == pytest.approx(gap, rel=1e-3, abs=1e-4)
+  assert got['top2_gap'] == pytest.approx(gap, rel=1e-3, abs=1e-4)
+
+  # Swapped: the margin is that of the first argument's token, now the runner-up: negative.
+  got = benchmark.divergence_margin(module, params, enc, speculative, baseline)
+  assert got['position'] == pos
+  assert (got['baseline_token'], got['speculative_token']) == (second, top)
+  assert got['margin'] == pytest.approx(-gap, rel=1e-3, abs=1e-4)
+  assert got['top2_gap'] == pytest.approx(gap, rel=1e-3, abs=1e-4)
+
+  # A difference at position 0 (no common prefix) and a margin of two arbitrary tokens.
+  a, b = 100, 200
+  first = benchmark.divergence_margin(module, params, enc, np.asarray([a, 5, 6], np.int32),
+                                      np.asarray([b, 5, 6], np.int32))
+  logits0 = step_logits[0]  # after BOS alone
+  assert first['position'] == 0
+  assert first['margin'] == pytest.approx(float(logits0[a] - logits0[b]), rel=1e-3, abs=1e-4)
+
+
+# -----------------------------------------------------------------------------
+# summarize, markdown, write_outputs (hand-made records)
+# -----------------------------------------------------------------------------
+
+GAMMA = 3
+COSTS = {'target_call_s': 0.010, 'verify_call_s': 0.012, 'draft_call_s': 0.002, 'c': 0.2,
+         'verify_cost_ratio': 1.2}
+MISMATCH = {'position': 4, 'baseline_token': 11, 'speculative_token': 12, 'margin': 3e-7, 'top2_gap': 3e-7}
+
+
+def _record(index, batch, baseline_s, speculative_s, calls, accepted_at, judged, drafted, emitted, overlap_sum,
+            overlap_count, tokens, identical=True):
+  rec = {'index': index, 'batch': batch, 'input_length': 10 + index, 'padded_input_length': 16,
+         'baseline_s': baseline_s, 'speculative_s': speculative_s, 'batch_rows': 1,
+         'baseline_tokens': tokens, 'speculative_tokens': tokens, 'identical': identical,
+         'target_calls': calls, 'drafted': drafted, 'judged': judged, 'accepted': int(sum(accepted_at)),
+         'accepted_at': accepted_at, 'overlap_sum': overlap_sum, 'overlap_count': overlap_count,
+         'emitted': emitted, 'baseline_text': 'x', 'speculative_text': 'x', 'reference_text': 'y'}
+  if not identical:
+    rec['mismatch'] = dict(MISMATCH)
+  return rec
+
+
+def _records():
+  # Batch 0 has two rows (batch wall times are stored on both), batch 1 one row: summing every record
+  # instead of one per batch would give (0.8 + 0.3) / (0.4 + 0.25) = 1.69, not 0.7 / 0.45.
+  return [
+      _record(0, 0, 0.4, 0.2, calls=2, accepted_at=[2, 1, 1], judged=5, drafted=6, emitted=6,
+              overlap_sum=4.0, overlap_count=5, tokens=6),
+      _record(1, 0, 0.4, 0.2, calls=3, accepted_at=[2, 1, 0], judged=5, drafted=9, emitted=6,
+              overlap_sum=3.0, overlap_count=5, tokens=5, identical=False),
+      _record(2, 1, 0.3, 0.25, calls=1, accepted_at=[1, 1, 1], judged=3, drafted=3, emitted=4,
+              overlap_sum=2.5, overlap_count=3, tokens=4),
+  ]
+
+
+def test_summarize_hand_made_records():
+  s = benchmark.summarize(_records(), COSTS, benchmark.Setting(gamma=GAMMA, temperature=0.0))
+  assert s['examples'] == 3
+  assert s['baseline_seconds'] == pytest.approx(0.7)
+  assert s['speculative_seconds'] == pytest.approx(0.45)
+  assert s['speedup'] == pytest.approx(0.7 / 0.45)
+  assert s['median_example_speedup'] == pytest.approx((2.0 + 1.2) / 2)
+  assert s['baseline_ms_per_example'] == pytest.approx(350.0)
+  assert s['speculative_ms_per_example'] == pytest.approx(225.0)
+  assert s['baseline_tokens'] == s['speculative_tokens'] == 15
+  assert s['baseline_tokens_per_s'] == pytest.approx(15 / 0.7)
+  assert s['speculative_tokens_per_s'] == pytest.approx(15 / 0.45)
+  # α two ways: kept / judged drafts (10 / 13) and Σ min(p, q) / verified positions (9.5 / 13).
+  alpha = 10 / 13
+  assert s['alpha_accept'] == pytest.approx(alpha)
+  assert s['alpha_overlap'] == pytest.approx(9.5 / 13)
+  assert s['accepted_per_drafted'] == pytest.approx(10 / 18)
+  assert s['target_calls'] == 6
+  assert s['tokens_per_target_call'] == pytest.approx(16 / 6)
+  # accepted_at sums to [5, 3, 2]: P(position 0 kept) = 5 / 6 target calls, then 3 / 5, then 2 / 3.
+  assert s['acceptance_per_position'] == pytest.approx([5 / 6, 3 / 5, 2 / 3])
+  # Predictions from specdec.theory with the measured α and costs, and in closed form.
+  assert s['predicted_speedup_thm38'] == pytest.approx(float(theory.expected_speedup(alpha, GAMMA, 0.2)))
+  assert s['predicted_speedup_thm38'] == pytest.approx((1 - alpha ** 4) / (1 - alpha) / (3 * 0.2 + 1))
+  from_costs = (1 - alpha ** 4) / (1 - alpha) * 0.010 / (3 * 0.002 + 0.012)
+  assert s['predicted_speedup_costs'] == pytest.approx(from_costs)
+  assert s['predicted_speedup_costs'] == pytest.approx(float(theory.predicted_speedup_from_costs(
+      alpha, GAMMA, 0.002, 0.010, 0.012)))
+  assert s['measured_over_predicted'] == pytest.approx((0.7 / 0.45) / from_costs)
+  assert s['expected_tokens_per_call'] == pytest.approx((1 - alpha ** 4) / (1 - alpha))
+  assert (s['drafted'], s['judged'], s['accepted']) == (18, 13, 10)
+  # The α at which this γ and these costs give 1.5× / 2×: the costs' prediction there hits the target.
+  for target in (1.5, 2.0):
+    needed = s['alpha_needed'][str(target)]
+    assert 0 < needed < 1
+    assert float(theory.predicted_speedup_from_costs(needed, GAMMA, 0.002, 0.010, 0.012)) == pytest.approx(
+        target, rel=1e-6)
+  assert s['identical_rate'] == pytest.approx(2 / 3)
+  assert s['mismatches'] == [dict(index=1, **MISMATCH)]
+
+
+def test_summarize_sampling_and_unreached_positions():
+  # Nothing kept: position 0 is reached by every call, later positions by none (None, not 0 or NaN).
+  rec = _record(0, 0, 0.1, 0.2, calls=4, accepted_at=[0, 0, 0], judged=4, drafted=12, emitted=4,
+                overlap_sum=1.0, overlap_count=4, tokens=4)
+  s = benchmark.summarize([rec], COSTS, benchmark.Setting(gamma=GAMMA, temperature=1.0))
+  assert s['acceptance_per_position'] == [0.0, None, None]
+  assert s['alpha_accept'] == 0.0
+  assert s['tokens_per_target_call'] == 1.0
+  assert s['speedup'] == pytest.approx(0.5)
+  assert s['identical_rate'] is None  # not defined when sampling
+  assert s['mismatches'] == []
+  json.dumps(s, allow_nan=False)  # strictly JSON-serialisable
+
+
+def _full_summary(records, temperature=0.0):
+  setting = benchmark.Setting(gamma=GAMMA, temperature=temperature, repeats=1)
+  s = benchmark.summarize(records, COSTS, setting)
+  s.update(task=tasks.ENDE_LOCAL_TASK, split='test', drafter='d1', lengths=dict(LENGTHS),
+           setting={'gamma': GAMMA, 'temperature': temperature, 'topk': 0, 'topp': 0.0, 'batch_size': 2,
+                    'repeats': 1, 'seed': 0, 'length_buckets': True},
+           quality={'baseline': {'bleu': 12.5}, 'speculative': {'bleu': 12.25}}, costs=dict(COSTS),
+           machine=benchmark.machine_info(), date='2026-01-02T03:04:05', command='python -m specdec.main')
+  return s
+
+
+def test_markdown():
+  s = _full_summary(_records())
+  text = benchmark.markdown(s)
+  assert text.startswith('# Benchmark: specdec_ende_local:test, drafter d1, γ=3, temperature 0, batch 2\n')
+  assert '| examples | 3 |' in text
+  assert f"**{0.7 / 0.45:.2f}×**" in text  # **1.56×**
+  assert f"| α (accepted / judged) | {10 / 13:.3f} |" in text
+  assert f"| α (E[Σ min(p, q)]) | {9.5 / 13:.3f} |" in text
+  assert '| acceptance per draft position | 0.83, 0.60, 0.67 |' in text
+  assert '| c = drafter call / target call | 0.200 (2.000 / 10.000 ms) |' in text
+  needed = s['alpha_needed']
+  assert f"| α needed at this γ and these costs for 1.5× / 2× | {needed['1.5']:.2f} / {needed['2.0']:.2f} |" in text
+  assert '| identical greedy outputs | 66.7% (2/3) |' in text
+  assert '| quality, baseline | bleu 12.50 |' in text
+  assert '| quality, speculative | bleu 12.25 |' in text
+  assert '## Greedy mismatches' in text
+  assert '| 1 | 4 | 11 | 12 | 3.00e-07 | 3.00e-07 |' in text
+  assert '`python -m specdec.main`' in text
+
+
+def test_markdown_sampling_has_no_identity_or_mismatch_section():
+  recs = [r for r in _records() if r['identical']]
+  text = benchmark.markdown(_full_summary(recs, temperature=1.0))
+  assert 'temperature 1,' in text
+  assert 'identical greedy outputs' not in text
+  assert 'Greedy mismatches' not in text
+
+
+def test_write_outputs(tmp_path):
+  records = _records()
+  summary = _full_summary(records)
+  out = tmp_path / 'bench'
+  benchmark.write_outputs(str(out), summary, records)
+  assert sorted(os.listdir(out)) == ['benchmark.csv', 'benchmark.json', 'benchmark.md', 'benchmark.png']
+  assert json.loads((out / 'benchmark.json').read_text()) == json.loads(json.dumps(summary))
+  with open(out / 'benchmark.csv', newline='') as f:
+    rows = list(csv.reader(f))
+  assert rows[0] == list(benchmark.CSV_FIELDS)
+  assert len(rows) == 1 + len(records)
+  assert [int(r[0]) for r in rows[1:]] == [0, 1, 2]
+  assert rows[2][benchmark.CSV_FIELDS.index('identical')] == 'False'
+  assert (out / 'benchmark.md').read_text() == benchmark.markdown(summary)
+  assert (out / 'benchmark.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+  assert not [p for p in os.listdir(out) if 'tmp' in p]  # no temporary files left behind
+  benchmark.write_outputs(str(tmp_path / 'noplot'), summary, records, write_plot=False)
+  assert not (tmp_path / 'noplot' / 'benchmark.png').exists()
+
+
+# -----------------------------------------------------------------------------
+# run: end to end, resume, validation
+# -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope='module')
+def fixture_tasks():
+  """Registers the local tasks on the fixture corpus; restores the defaults."""
+  tasks.register_local_tasks(corpus_dir=FIXTURE_CORPUS)
+  yield
+  tasks.register_local_tasks()
+
+
+def _fixture_rows(n):
+  with open(os.path.join(FIXTURE_CORPUS, 'translate_en_de', 'test.jsonl'), encoding='utf-8') as f:
+    return [json.loads(line) for line in f if line.strip()][:n]
+
+
+SETTING = benchmark.Setting(gamma=2, temperature=0.0, repeats=1, length_buckets=False)
+
+
+@pytest.fixture(scope='module')
+def copy_drafter(tiny):
+  """A copy of the target (its own module and params): greedy drafts are always kept."""
+  module, params = tiny
+  return network.Transformer(module.config), jax.tree_util.tree_map(jnp.array, params)
+
+
+def _run(tiny, drafter, output_dir, max_examples, setting=SETTING):
+  module, params = tiny
+  drafter_module, drafter_params = drafter
+  return benchmark.run(module, params, drafter_module, drafter_params, tasks.ENDE_LOCAL_TASK, 'test',
+                       LENGTHS, setting, str(output_dir), max_examples=max_examples, drafter_name='copy')
+
+
+@pytest.fixture(scope='module')
+def first_run(tiny, copy_drafter, fixture_tasks, tmp_path_factory):
+  del fixture_tasks
+  out = tmp_path_factory.mktemp('run') / 'bench'
+  return _run(tiny, copy_drafter, out, max_examples=2), out
+
+
+def test_run_greedy_copy_drafter_is_exact_with_alpha_one(first_run):
+  s, out = first_run
+  assert s['examples'] == 2
+  assert s['identical_rate'] == 1.0
+  assert s['mismatches'] == []
+  assert s['alpha_accept'] == 1.0
+  assert s['accepted_per_drafted'] == 1.0
+  assert s['alpha_overlap'] == pytest.approx(1.0, abs=1e-5)  # Σ min(p, p) = 1 up to float rounding
+  assert s['acceptance_per_position'] == [1.0, 1.0]
+  assert s['baseline_tokens'] == s['speculative_tokens'] > 0
+  assert s['task'] == tasks.ENDE_LOCAL_TASK and s['drafter'] == 'copy' and s['split'] == 'test'
+  assert s['setting']['gamma'] == 2 and s['lengths'] == LENGTHS
+  assert set(s['quality']['baseline']) == {'bleu'}
+  assert s['quality']['baseline'] == s['quality']['speculative']
+  costs = s['costs']
+  for key in ('target_call_s', 'verify_call_s', 'draft_call_s', 'c', 'verify_cost_ratio'):
+    assert math.isfinite(costs[key]) and costs[key] > 0, key
+  assert costs['c'] == pytest.approx(costs['draft_call_s'] / costs['target_call_s'])
+  assert costs['verify_cost_ratio'] == pytest.approx(costs['verify_call_s'] / costs['target_call_s'])
+  assert math.isfinite(s['speedup']) and s['speedup'] > 0
+  assert all(v >= 0 for v in s['wall_seconds'].values())
+  with open(out / 'examples.jsonl', encoding='utf-8') as f:
+    recs = [json.loads(line) for line in f]
+  assert [r['index'] for r in recs] == [0, 1]
+  for r, row in zip(recs, _fixture_rows(2)):
+    assert r['identical'] and r['baseline_text'] == r['speculative_text']
+    assert r['baseline_tokens'] == r['speculative_tokens']
+    assert r['reference_text'] == row['targets']
+    # With every draft kept, each target call emits γ + 1 tokens until the length budget runs out.
+    assert r['judged'] == r['accepted'] and r['accepted_at'][0] == r['target_calls']
+    assert r['emitted'] == r['speculative_tokens']
+    assert r['target_calls'] == math.ceil(r['emitted'] / (SETTING.gamma + 1))
+    assert r['padded_input_length'] == LENGTHS['inputs']  # length_buckets=False
+
+
+def test_run_writes_outputs(first_run):
+  s, out = first_run
+  assert {'benchmark.json', 'benchmark.csv', 'benchmark.md', 'benchmark.png', 'examples.jsonl'} <= set(
+      os.listdir(out))
+  assert json.loads((out / 'benchmark.json').read_text())['speedup'] == pytest.approx(s['speedup'])
+  assert len((out / 'benchmark.csv').read_text().strip().splitlines()) == 1 + 2
+  assert '| identical greedy outputs | 100.0% (2/2) |' in (out / 'benchmark.md').read_text()
+
+
+def test_run_resumes_and_tolerates_a_torn_line(first_run, tiny, copy_drafter, tmp_path, monkeypatch):
+  _, first_out = first_run
+  out = tmp_path / 'bench'
+  shutil.copytree(first_out, out)
+  before = [json.loads(line) for line in (out / 'examples.jsonl').read_text().splitlines()]
+  with open(out / 'examples.jsonl', 'a', encoding='utf-8') as f:
+    f.write('{"index": 2, "batch": 2, "baseline_s": 0.')  # an interrupted write
+  timed = []
+  real_timed = benchmark._timed  # pylint: disable=protected-access
+
+  def counting_timed(fn, *args):
+    timed.append(fn)
+    return real_timed(fn, *args)
+
+  monkeypatch.setattr(benchmark, '_timed', counting_timed)
+  s = _run(tiny, copy_drafter, out, max_examples=3)
+  # Only the new example was measured: one baseline and one speculative decode (repeats=1).
+  assert len(timed) == 2
+  assert s['examples'] == 3 and s['identical_rate'] == 1.0 and s['alpha_accept'] == 1.0
+  after = [json.loads(line) for line in (out / 'examples.jsonl').read_text().splitlines()]
+  assert [r['index'] for r in after] == [0, 1, 2]
+  assert after[:2] == before  # the earlier measurements are kept as they were
+  assert after[2]['reference_text'] == _fixture_rows(3)[2]['targets']
+  assert len((out / 'benchmark.csv').read_text().strip().splitlines()) == 1 + 3
+  # A third run with nothing new measures nothing.
+  timed.clear()
+  assert _run(tiny, copy_drafter, out, max_examples=3)['examples'] == 3
+  assert not timed
+
+
+@pytest.mark.parametrize('setting, match', [
+    (benchmark.Setting(gamma=0), 'gamma'),
+    (benchmark.Setting(gamma=True), 'gamma'),
+    (benchmark.Setting(gamma=2.5), 'gamma'),
+    (benchmark.Setting(temperature=-0.5), 'temperature'),
+    (benchmark.Setting(temperature=1.0, topk=5, topp=0.9), 'top-k or top-p'),
+    (benchmark.Setting(repeats=0), 'repeats'),
+    (benchmark.Setting(batch_size=0), 'batch_size'),
+])
+def test_run_rejects_bad_settings_before_decoding(tiny, copy_drafter, tmp_path, setting, match):
+  out = tmp_path / 'never'
+  with pytest.raises(ValueError, match=match):
+    _run(tiny, copy_drafter, out, max_examples=1, setting=setting)
+  assert not out.exists()  # nothing was set up, let alone decoded
+
+
+def test_run_rejects_vocab_mismatch_before_decoding(tiny, tmp_path):
+  config = tiny_config(vocab_size=64)
+  drafter = (network.Transformer(config), None)  # never used: the check comes first
+  out = tmp_path / 'never'
+  with pytest.raises(ValueError, match='Vocabulary mismatch.*8192.*64'):
+    _run(tiny, drafter, out, max_examples=1)
+  assert not out.exists()

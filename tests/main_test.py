@@ -1,0 +1,284 @@
+"""Tests for specdec/main.py: the gin launcher end to end on tiny models and the fixture corpus (CPU).
+
+The target is a 1-layer random T5 over the shipped vocabulary (8192 padded ids) in the project's compact
+format; the drafter `d1` beside it is a copy, so greedy speculative decoding accepts every draft. Runs use the
+shipped experiment gin files with command-line overrides, as the README does. The benchmark's isolated
+call-cost measurement is covered by tests/benchmark_test.py and replaced by fixed costs here.
+"""
+
+import json
+import os
+
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specdec import benchmark
+from specdec import checkpoints
+from specdec import main
+from specdec import network
+from specdec import ngram
+from specdec import tasks
+
+TESTDATA = os.path.join(os.path.dirname(__file__), 'testdata', 'tasks')
+FIXTURE_CORPUS = os.path.join(TESTDATA, 'corpus')
+VOCAB_SIZE = 8192
+NGRAM_VOCAB = 64
+COSTS = {'target_call_s': 0.010, 'verify_call_s': 0.012, 'draft_call_s': 0.002, 'c': 0.2,
+         'verify_cost_ratio': 1.2}
+
+
+def tiny_config(**overrides):
+  fields = dict(vocab_size=VOCAB_SIZE, emb_dim=16, num_heads=2, head_dim=8, num_encoder_layers=1,
+                num_decoder_layers=1, mlp_dim=32, dropout_rate=0.0, dtype=jnp.float32)
+  fields.update(overrides)
+  return network.T5Config(**fields)
+
+
+@pytest.fixture(scope='module')
+def family(tmp_path_factory):
+  """models/{target,d1} (compact; d1 = a copy of the target) and models/bigram (n-gram)."""
+  root = tmp_path_factory.mktemp('models')
+  config = tiny_config()
+  params = network.init_params(config, jax.random.PRNGKey(0))
+  checkpoints.save_compact(str(root / 'target'), config, params, storage_dtype=jnp.float32)
+  checkpoints.save_compact(str(root / 'd1'), config, params, storage_dtype=jnp.float32)
+  # A small-vocabulary bigram (its table is V x V).
+  unigram, bigram = ngram.count([[5, 6, 7, 1], [5, 7, 1]], NGRAM_VOCAB)
+  ngram.save(str(root / 'bigram'), ngram.NgramConfig(NGRAM_VOCAB, order=2), unigram, bigram)
+  return {'root': root, 'config': config, 'params': params}
+
+
+@pytest.fixture(autouse=True)
+def _clean_state(monkeypatch):
+  """Fresh gin config per test; the default task registration restored after; fixed call costs."""
+  default_corpus = tasks.DEFAULT_CORPUS_DIR  # before any test patches it
+  gin.clear_config()
+  monkeypatch.setattr(benchmark, 'measure_costs', lambda *args, **kwargs: dict(COSTS))
+  yield
+  gin.clear_config()
+  tasks.register_local_tasks(corpus_dir=default_corpus)
+
+
+def _flags(family, out, *extra, gin_file='experiments/cpu/table2/ende_d1_t0.gin', drafter='d1'):
+  root = family['root']
+  return [
+      f'--gin_file={gin_file}',
+      f"--gin.OUTPUT_DIR='{out}'",
+      f"--gin.TARGET_CHECKPOINT='{root / 'target'}'",
+      f"--gin.DRAFTER_CHECKPOINT='{root / drafter}'" if drafter else '--gin.DRAFTER_CHECKPOINT=None',
+      f"--gin.main.run.corpus_dir='{FIXTURE_CORPUS}'",
+      "--gin.main.run.feature_lengths={'inputs': 16, 'targets': 8}",
+      '--gin.main.run.max_examples=2',
+      '--gin.main.run.repeats=1',
+      '--gin.main.run.length_buckets=False',
+      '--gin.GAMMA=2',
+  ] + list(extra)
+
+
+def _jsonl(path):
+  with open(path, encoding='utf-8') as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def _fixture_rows(corpus, n):
+  return _jsonl(os.path.join(FIXTURE_CORPUS, corpus, 'test.jsonl'))[:n]
+
+
+# -----------------------------------------------------------------------------
+# The modes, end to end
+# -----------------------------------------------------------------------------
+
+
+def test_infer(family, tmp_path):
+  out = tmp_path / 'infer'
+  main.main(_flags(family, out, "--gin.main.run.mode='infer'"))
+  preds = _jsonl(out / 'predictions.jsonl')
+  assert [p['index'] for p in preds] == [0, 1]
+  for p, row in zip(preds, _fixture_rows('translate_en_de', 2)):
+    assert p['reference'] == row['targets']
+    assert p['inputs'] == 'translate English to German: ' + row['inputs']
+    assert 1 <= p['tokens'] <= 8
+    assert p['accepted'] == p['judged']  # the drafter is a copy of the target
+  stats = json.loads((out / 'statistics.json').read_text())
+  assert stats['task'] == tasks.ENDE_LOCAL_TASK and stats['drafter'] == 'd1'
+  assert stats['setting']['gamma'] == 2 and stats['setting']['temperature'] == 0.0
+  assert stats['statistics']['examples'] == 2
+  assert stats['statistics']['alpha_accept'] == 1.0
+  assert stats['statistics']['tokens'] == sum(p['tokens'] for p in preds)
+  assert not (out / 'metrics.json').exists()
+
+  # Resumable: a rerun with more examples decodes only the new one (the earlier lines stay as they were).
+  gin.clear_config()  # main.main parses and locks the config, as a one-shot command does
+  main.main(_flags(family, out, "--gin.main.run.mode='infer'", '--gin.main.run.max_examples=3'))
+  again = _jsonl(out / 'predictions.jsonl')
+  assert [p['index'] for p in again] == [0, 1, 2] and again[:2] == preds
+
+
+def test_eval_baseline_only_on_the_summarization_task(family, tmp_path):
+  """'eval' without a drafter decodes with the target alone and scores with the task's metrics."""
+  out = tmp_path / 'eval'
+  main.main(_flags(family, out, "--gin.main.run.mode='eval'", gin_file='experiments/cpu/table2/summ_d3_t0.gin',
+                   drafter=None))
+  summary = json.loads((out / 'metrics.json').read_text())
+  assert summary['task'] == tasks.SUMMARIZE_LOCAL_TASK
+  assert summary['drafter'] == 'd3'  # the experiment file's name; no drafter checkpoint, so no drafter ran
+  assert set(summary['metrics']) == {'rouge1', 'rouge2', 'rougeLsum'}
+  assert all(0 <= v <= 100 for v in summary['metrics'].values())
+  assert set(summary['statistics']) == {'examples', 'tokens'}  # no speculative statistics
+  preds = _jsonl(out / 'predictions.jsonl')
+  assert [p['reference'] for p in preds] == [r['targets'] for r in _fixture_rows('summarize_ddtp', 2)]
+  assert 'target_calls' not in preds[0]
+
+
+def test_benchmark(family, tmp_path):
+  out = tmp_path / 'bench'
+  main.main(_flags(family, out))  # the experiment file's mode is 'benchmark'
+  s = json.loads((out / 'benchmark.json').read_text())
+  assert s['task'] == tasks.ENDE_LOCAL_TASK and s['drafter'] == 'd1'
+  assert s['examples'] == 2
+  assert s['identical_rate'] == 1.0 and s['alpha_accept'] == 1.0
+  assert s['setting']['gamma'] == 2 and s['setting']['repeats'] == 1
+  assert s['lengths'] == {'inputs': 16, 'targets': 8}
+  assert s['costs'] == COSTS
+  assert {'benchmark.csv', 'benchmark.md', 'benchmark.png', 'examples.jsonl'} <= set(os.listdir(out))
+
+
+def test_table_from_own_gin_file(family, tmp_path):
+  """A gin file given by path; rows' drafters are found beside the target."""
+  gin_file = tmp_path / 'table.gin'
+  gin_file.write_text(
+      "include 'experiments/cpu/base.gin'\n"
+      'from __gin__ import dynamic_registration\n'
+      'from specdec import main\n'
+      'main.run:\n'
+      "  mode = 'table'\n"
+      "  table_name = 'tiny table'\n"
+      "  rows = [{'task': 'specdec_summarize_local', 'drafter': 'd1', 'temperature': 0.0, 'gamma': %GAMMA}]\n")
+  out = tmp_path / 'table'
+  main.main(_flags(family, out, gin_file=str(gin_file), drafter=None))
+  text = (out / 'table.md').read_text()
+  assert text.startswith('## tiny table\n')
+  assert '| summ. (DDTP) | d1 | 0 | 2 |' in text
+  assert 'T5-large: 3, 0.74, 2.2×' in text  # the paper's CNNDM / T5-large / t=0 row (d1 stands in for large)
+  rows = json.loads((out / 'table.json').read_text())
+  assert len(rows) == 1 and rows[0]['identical_rate'] == 1.0 and rows[0]['drafter'] == 'd1'
+  assert os.path.exists(out / 'specdec_summarize_local_d1_t0_g2' / 'benchmark.json')
+
+
+# -----------------------------------------------------------------------------
+# Bad command lines and settings fail before any model loads
+# -----------------------------------------------------------------------------
+
+
+def test_unknown_arguments_exit():
+  with pytest.raises(SystemExit, match='--bogus'):
+    main.main(['--bogus', '--gin_file=experiments/cpu/table2/ende_d1_t0.gin'])
+
+
+# The target path does not exist: had the models been loaded first, FileNotFoundError would come instead.
+@pytest.mark.parametrize('extra, drafter, match', [
+    (["--gin.main.run.mode='train'"], 'd1', "mode must be one of .*'train'"),
+    ([], None, 'needs a drafter'),
+    (['--gin.GAMMA=0'], 'd1', 'gamma must be an int >= 1, got 0'),
+    (['--gin.main.run.temperature=-1.0'], 'd1', 'temperature'),
+    (['--gin.main.run.topk=5', '--gin.main.run.topp=0.9'], 'd1', 'top-k or top-p'),
+    (["--gin.main.run.mode='table'"], 'd1', 'needs rows'),
+    (["--gin.main.run.mode='table'",
+      "--gin.main.run.rows=[{'task': 't', 'drafter': 'd1', 'temperature': 0.0, 'gamma': 0}]"], 'd1', 'gamma'),
+    (["--gin.main.run.feature_lengths={'inputs': 16}"], 'd1', 'feature_lengths'),
+])
+def test_bad_settings_raise_before_loading(family, tmp_path, extra, drafter, match):
+  flags = _flags(family, tmp_path / 'out', *extra, drafter=drafter)
+  flags = [f for f in flags if not f.startswith('--gin.TARGET_CHECKPOINT')]
+  flags.append(f"--gin.TARGET_CHECKPOINT='{tmp_path / 'no_such_model'}'")
+  with pytest.raises(ValueError, match=match):
+    main.main(flags)
+  assert not (tmp_path / 'out').exists()
+
+
+def test_missing_target_checkpoint(family, tmp_path):
+  flags = [f for f in _flags(family, tmp_path / 'out') if not f.startswith('--gin.TARGET_CHECKPOINT')]
+  with pytest.raises(FileNotFoundError, match='no_such_model'):
+    main.main(flags + [f"--gin.TARGET_CHECKPOINT='{tmp_path / 'no_such_model'}'"])
+
+
+def test_missing_gin_file():
+  with pytest.raises(FileNotFoundError, match='no_such.gin'):
+    main.main(['--gin_file=experiments/no_such.gin'])
+
+
+# -----------------------------------------------------------------------------
+# load_network
+# -----------------------------------------------------------------------------
+
+
+def _assert_same_params(got, want):
+  got_flat = jax.tree_util.tree_leaves_with_path(got)
+  want_flat = jax.tree_util.tree_leaves_with_path(want)
+  assert [k for k, _ in got_flat] == [k for k, _ in want_flat]
+  for (_, a), (_, b) in zip(got_flat, want_flat):
+    np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+
+
+def test_load_network_compact(family):
+  module, params = main.load_network(str(family['root'] / 'target'))
+  assert isinstance(module, network.Transformer)
+  assert module.config == family['config']
+  _assert_same_params(params, family['params'])
+
+
+def test_load_network_ngram(family):
+  module, params = main.load_network(str(family['root'] / 'bigram'))
+  assert isinstance(module, ngram.NgramLM)
+  assert module.config == ngram.NgramConfig(NGRAM_VOCAB, order=2)
+  assert params['log_probs'].shape == (NGRAM_VOCAB, NGRAM_VOCAB)
+
+
+def test_load_network_missing_and_empty(tmp_path):
+  with pytest.raises(FileNotFoundError, match='nothing_here'):
+    main.load_network(str(tmp_path / 'nothing_here'))
+  with pytest.raises(ValueError, match='No checkpoint given'):
+    main.load_network('')
+
+
+def test_load_network_t5x_needs_a_config(family, tmp_path):
+  path = checkpoints.save_t5x(str(tmp_path / 'checkpoint_7'), family['params'], step=7)
+  module, params = main.load_network(path, family['config'])
+  assert isinstance(module, network.Transformer) and module.config == family['config']
+  _assert_same_params(params, family['params'])
+  with pytest.raises(ValueError, match='carries no network config'):
+    main.load_network(path)
+
+
+# -----------------------------------------------------------------------------
+# register_tasks
+# -----------------------------------------------------------------------------
+
+
+def _source_dir(task_name):
+  import seqio  # pylint: disable=g-import-not-at-top
+  return seqio.get_mixture_or_task(task_name).source.corpus_dir
+
+
+def test_register_tasks_falls_back_to_the_embedded_slices(monkeypatch, tmp_path, capsys):
+  monkeypatch.setattr(tasks, 'DEFAULT_CORPUS_DIR', str(tmp_path / 'no_corpus'))
+  main.register_tasks()
+  assert 'embedded test slices' in capsys.readouterr().out
+  for name in tasks.LOCAL_TASKS:
+    assert _source_dir(name) == main.EMBEDDED_TEST_SLICES
+  from specdec import evaluation  # pylint: disable=g-import-not-at-top
+  examples = evaluation.task_examples(tasks.ENDE_LOCAL_TASK, 'test', {'inputs': 16, 'targets': 8}, 2)
+  with open(os.path.join(main.EMBEDDED_TEST_SLICES, 'translate_en_de', 'test.jsonl'), encoding='utf-8') as f:
+    first = json.loads(f.readline())
+  assert examples[0]['targets_pretokenized'].decode('utf-8') == first['targets']
+
+
+def test_register_tasks_prefers_a_given_or_existing_corpus(monkeypatch, tmp_path):
+  main.register_tasks(FIXTURE_CORPUS)
+  assert _source_dir(tasks.ENDE_LOCAL_TASK) == FIXTURE_CORPUS
+  monkeypatch.setattr(tasks, 'DEFAULT_CORPUS_DIR', str(tmp_path))  # exists: used, no fallback
+  main.register_tasks()
+  assert _source_dir(tasks.SUMMARIZE_LOCAL_TASK) == str(tmp_path)
