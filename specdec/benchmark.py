@@ -396,8 +396,8 @@ def summarize(records: Sequence[Mapping[str, Any]], costs: Mapping[str, float], 
   tot = lambda key: float(sum(r[key] for r in records))
   judged, accepted, drafted = tot('judged'), tot('accepted'), tot('drafted')
   calls = tot('target_calls')
-  alpha_accept = accepted / judged if judged else float('nan')
-  alpha_overlap = tot('overlap_sum') / tot('overlap_count') if tot('overlap_count') else float('nan')
+  alpha_accept = accepted / judged if judged else 0.0  # nothing judged (every row ended at once): no evidence
+  alpha_overlap = tot('overlap_sum') / tot('overlap_count') if tot('overlap_count') else 0.0
   accepted_at = np.sum([r['accepted_at'] for r in records], axis=0).astype(float)
   # P(draft j kept | drafts < j kept): rounds reaching position j are those that kept j-1 (or all rounds).
   reached = np.concatenate([[calls], accepted_at[:-1]])
@@ -420,8 +420,8 @@ def summarize(records: Sequence[Mapping[str, Any]], costs: Mapping[str, float], 
       'baseline_tokens': base_tokens, 'speculative_tokens': spec_tokens,
       'baseline_tokens_per_s': base_tokens / base_total, 'speculative_tokens_per_s': spec_tokens / spec_total,
       'alpha_accept': alpha_accept, 'alpha_overlap': alpha_overlap,
-      'accepted_per_drafted': accepted / drafted if drafted else float('nan'),
-      'tokens_per_target_call': tot('emitted') / calls if calls else float('nan'),
+      'accepted_per_drafted': accepted / drafted if drafted else 0.0,
+      'tokens_per_target_call': tot('emitted') / calls if calls else 0.0,
       'target_calls': calls, 'drafted': drafted, 'judged': judged, 'accepted': accepted,
       'acceptance_per_position': [None if np.isnan(x) else float(x) for x in per_position],
       'predicted_speedup_thm38': thm38,
@@ -429,11 +429,21 @@ def summarize(records: Sequence[Mapping[str, Any]], costs: Mapping[str, float], 
       'measured_over_predicted': speedup / from_costs,
       'expected_tokens_per_call': float(theory.expected_tokens(alpha_for_theory, gamma)),
       # The α this γ and these measured costs would need for the issue's speed targets (nan: unreachable).
-      'alpha_needed': {str(x): theory.required_alpha(x, gamma, costs['c'], costs['verify_cost_ratio'])
+      'alpha_needed': {str(x): _finite_or_none(theory.required_alpha(x, gamma, costs['c'],
+                                                                     costs['verify_cost_ratio']))
                        for x in (1.5, 2.0)},
       'identical_rate': float(np.mean(identical)) if setting.temperature == 0 else None,
       'mismatches': mismatches,
   }
+
+
+def _finite_or_none(x: float) -> Optional[float]:
+  """None for nan/inf, so the JSON written is strict (nan: e.g. a speedup out of reach at any α)."""
+  return float(x) if np.isfinite(x) else None
+
+
+def _fmt(x: Optional[float], spec: str = '.2f') -> str:
+  return 'unreachable' if x is None else format(x, spec)
 
 
 def machine_info() -> Dict[str, Any]:
@@ -476,8 +486,8 @@ def markdown(summary: Mapping[str, Any]) -> str:
       f"| predicted speedup, Thm 3.8 (α, c) | {s['predicted_speedup_thm38']:.2f}× |",
       f"| predicted speedup, measured call costs | {s['predicted_speedup_costs']:.2f}× |",
       f"| measured / predicted (costs) | {s['measured_over_predicted']:.2f} |",
-      f"| α needed at this γ and these costs for 1.5× / 2× | {s['alpha_needed']['1.5']:.2f} / "
-      f"{s['alpha_needed']['2.0']:.2f} |",
+      f"| α needed at this γ and these costs for 1.5× / 2× | {_fmt(s['alpha_needed']['1.5'])} / "
+      f"{_fmt(s['alpha_needed']['2.0'])} |",
   ]
   if s['identical_rate'] is not None:
     lines.append(f"| identical greedy outputs | {100 * s['identical_rate']:.1f}% "
@@ -497,7 +507,7 @@ def write_outputs(output_dir: str, summary: Mapping[str, Any], records: Sequence
                   write_plot: bool = True) -> None:
   """benchmark.json, benchmark.csv (per example), benchmark.md and benchmark.png, each written atomically."""
   checkpoints.atomic_write(os.path.join(output_dir, 'benchmark.json'),
-                           json.dumps(summary, indent=2).encode())
+                           json.dumps(summary, indent=2, allow_nan=False).encode())
   rows = [','.join(CSV_FIELDS)]
   rows += [','.join(str(r[k]) for k in CSV_FIELDS) for r in records]
   checkpoints.atomic_write(os.path.join(output_dir, 'benchmark.csv'), ('\n'.join(rows) + '\n').encode())

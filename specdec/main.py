@@ -231,8 +231,8 @@ def run(output_dir: str = gin.REQUIRED,
   drafter_module = drafter_params = None
   if drafter_checkpoint:
     drafter_module, drafter_params = load_network(drafter_checkpoint, drafter_config, dtype, mesh)
-  drafter_name = drafter_name or (os.path.basename(os.path.normpath(drafter_checkpoint))
-                                  if drafter_checkpoint else 'none')
+  drafter_name = ((drafter_name or os.path.basename(os.path.normpath(drafter_checkpoint)))
+                  if drafter_checkpoint else 'none')
   if mode == 'benchmark':
     summary = benchmark.run(target_module, target_params, drafter_module, drafter_params, task, split,
                             lengths, setting, output_dir, max_examples, drafter_name=drafter_name, mesh=mesh)

@@ -37,8 +37,8 @@ def paper_row(task: str, drafter: str, temperature: float) -> Optional[Tuple[int
   return PAPER_TABLE2.get(key)
 
 
-def _fmt(x: Any, spec: str = '.2f') -> str:
-  return '-' if x is None else format(x, spec)
+def _fmt(x: Any, spec: str = '.2f', none: str = '-') -> str:
+  return none if x is None else format(x, spec)
 
 
 def table2_markdown(summaries: Sequence[Mapping[str, Any]], title: str = 'Table 2 analogue') -> str:
@@ -55,7 +55,9 @@ def table2_markdown(summaries: Sequence[Mapping[str, Any]], title: str = 'Table 
     paper = paper_row(s['task'], s['drafter'], temp)
     paper_text = (f"T5-{PAPER_DRAFTER_FOR.get(s['drafter'])}: {paper[0]}, {paper[1]:.2f}, {paper[2]:.1f}×"
                   if paper else '-')
-    needed = ' / '.join(_fmt(s.get('alpha_needed', {}).get(k)) for k in ('1.5', '2.0'))
+    needed_by = s.get('alpha_needed', {})  # None for a target no α reaches; missing in older summaries
+    needed = ' / '.join(_fmt(needed_by[k], none='unreachable') if k in needed_by else '-'
+                        for k in ('1.5', '2.0'))
     identical = ('-' if s.get('identical_rate') is None
                  else f"{100 * s['identical_rate']:.0f}%")
     lines.append(

@@ -497,3 +497,11 @@ def test_run_rejects_vocab_mismatch_before_decoding(tiny, tmp_path):
   with pytest.raises(ValueError, match='Vocabulary mismatch.*8192.*64'):
     _run(tiny, drafter, out, max_examples=1)
   assert not out.exists()
+
+
+def test_summarize_unreachable_target_is_none_and_markdown_says_so():
+  # c = 0.9 with verify = 3 target calls: no α reaches 2× at γ = 3 (4 tokens per call cannot pay 2 × 5.7).
+  costs = dict(COSTS, c=0.9, draft_call_s=0.009, verify_call_s=0.030, verify_cost_ratio=3.0)
+  s = benchmark.summarize(_records(), costs, benchmark.Setting(gamma=GAMMA, temperature=0.0))
+  assert s['alpha_needed']['2.0'] is None
+  json.dumps(s, allow_nan=False)
