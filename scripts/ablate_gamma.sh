@@ -4,5 +4,5 @@
 #   bash scripts/ablate_gamma.sh [extra scripts/ablate.py flags, e.g. --max_examples 64]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python scripts/ablate.py gamma --drafters d1 d2 d3 bigram --gammas 1 2 3 4 5 6 7 8 9 10 \
+python scripts/ablate.py gamma --drafters d1kd d2 bigram --gammas 1 2 3 4 5 6 7 8 9 10 \
   --task ende --temperatures 0 --max_examples 32 --repeats 1 --out results/ablate_gamma "$@"

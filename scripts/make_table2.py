@@ -17,7 +17,7 @@ from specdec import tables
 
 ORDER = {'specdec_ende_local': 0, 'specdec_wmt_ende': 0, 'specdec_summarize_local': 1,
          'specdec_cnn_dailymail': 1}
-DRAFTER_ORDER = {'d3': 0, 'small': 0, 'd2': 1, 'base': 1, 'd1': 2, 'large': 2}
+DRAFTER_ORDER = {'d3': 0, 'small': 0, 'd2': 1, 'base': 1, 'd1': 2, 'large': 2, 'd1kd': 3}
 
 
 def main():
