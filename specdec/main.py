@@ -15,10 +15,13 @@ Modes of `run` (`main.run.mode`):
 - 'table': several benchmark rows (`rows`), one subdirectory each, then a table beside the paper's numbers.
 """
 
+import contextlib
 import dataclasses
+import hashlib
 import json
 import os
 import sys
+import tempfile
 import time
 from typing import Any, Dict, Mapping, Optional, Sequence
 
@@ -87,6 +90,46 @@ def register_tasks(corpus_dir: Optional[str] = None, vocab_path: Optional[str] =
     corpus_dir = EMBEDDED_TEST_SLICES
   tasks.register_local_tasks(corpus_dir)
   tasks.register_paper_tasks(vocab_path) if vocab_path else tasks.register_paper_tasks()
+
+
+def _is_remote(path: str) -> bool:
+  return '://' in path
+
+
+def _copy_tree(src: str, dst: str) -> None:
+  """Recursive copy through tf.io.gfile (local paths and gs://)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (seqio's dependency; gfile reads gs://)
+  for root, _, files in tf.io.gfile.walk(src):
+    rel = os.path.relpath(root, src) if not _is_remote(src) else root[len(src):].lstrip('/')
+    target = dst.rstrip('/') + ('/' + rel if rel not in ('', '.') else '')
+    tf.io.gfile.makedirs(target)
+    for name in files:
+      tf.io.gfile.copy(root.rstrip('/') + '/' + name, target + '/' + name, overwrite=True)
+
+
+@contextlib.contextmanager
+def local_output_dir(output_dir: str):
+  """A local directory standing in for `output_dir`.
+
+  Local paths are used as they are. For a remote one (gs://, e.g. on Cloud TPU) results are written to a local
+  directory that starts from the remote one's contents (so a rerun resumes) and is copied back at the end,
+  also when the run fails part-way; on a multi-host run only process 0 copies.
+  """
+  if not _is_remote(output_dir):
+    os.makedirs(output_dir, exist_ok=True)
+    yield output_dir
+    return
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  local = os.path.join(tempfile.gettempdir(), 'specdec_output',
+                       hashlib.sha256(output_dir.encode()).hexdigest()[:16])
+  os.makedirs(local, exist_ok=True)
+  if tf.io.gfile.exists(output_dir):
+    _copy_tree(output_dir, local)
+  try:
+    yield local
+  finally:
+    if jax.process_index() == 0:
+      _copy_tree(local, output_dir)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,9 +228,27 @@ def run(output_dir: str = gin.REQUIRED,
         vocab_path: Optional[str] = None,
         dtype: Optional[str] = None,
         num_partitions: Optional[int] = None) -> Dict[str, Any]:
-  """Runs one experiment (see the module docstring for the modes); returns its summary."""
+  """Runs one experiment (see the module docstring for the modes); returns its summary.
+
+  Args (all gin-bindable as `main.run.NAME`):
+    output_dir: where everything is written; local or gs:// (then written locally and copied there).
+    mode: 'infer' | 'eval' | 'benchmark' | 'table'.
+    task, split, feature_lengths: the seqio task split and its lengths (longer inputs are cut).
+    target_checkpoint, drafter_checkpoint: checkpoint directories (compact, n-gram, T5X, Hugging Face, Orbax).
+    target_config, drafter_config: network configs for formats that carry none (T5X, Orbax).
+    drafter_name: the drafter's label in tables (default: its directory name).
+    gamma, temperature, topk, topp: decoding (topk 0 = no top-k; T5X's default 1 would be argmax).
+    batch_size, repeats, seed, length_buckets: see `benchmark.Setting`.
+    max_examples: the first N examples of the split (None: all).
+    rows, table_name: mode 'table'.
+    corpus_dir, vocab_path: where the local corpus / the paper's tasks' vocabulary live.
+    dtype: parameter dtype for T5X / Hugging Face / Orbax checkpoints (e.g. 'bfloat16').
+    num_partitions: model-parallel size of a ('data', 'model') mesh over all devices; None: one device.
+  """
   if mode not in MODES:
     raise ValueError(f'mode must be one of {MODES}, got {mode!r}.')
+  if not target_checkpoint:
+    raise ValueError('No target checkpoint: set main.run.target_checkpoint (TARGET_CHECKPOINT in gin).')
   lengths = dict(feature_lengths)
   if set(lengths) != {'inputs', 'targets'}:
     raise ValueError(f"feature_lengths needs 'inputs' and 'targets', got {sorted(lengths)}.")
@@ -204,8 +265,17 @@ def run(output_dir: str = gin.REQUIRED,
     raise ValueError('The benchmark needs a drafter: set DRAFTER_CHECKPOINT.')
   # Model-parallel over `num_partitions` devices, data-parallel over the rest (T5X's rules); None: one device.
   mesh = partitioning.make_mesh(num_partitions) if num_partitions else None
+  with local_output_dir(output_dir) as local_dir:
+    return _execute(local_dir, mode, task, split, lengths, setting, target_checkpoint, drafter_checkpoint,
+                    target_config, drafter_config, drafter_name, max_examples, rows, table_name, corpus_dir,
+                    vocab_path, dtype, mesh)
+
+
+def _execute(output_dir, mode, task, split, lengths, setting, target_checkpoint, drafter_checkpoint,
+             target_config, drafter_config, drafter_name, max_examples, rows, table_name, corpus_dir, vocab_path,
+             dtype, mesh):
+  """`run` after its checks, writing into the local directory `output_dir`."""
   register_tasks(corpus_dir, vocab_path)
-  os.makedirs(output_dir, exist_ok=True)
   print(f'specdec {mode}: task {task}:{split}, output {output_dir}'
         + (f', mesh {dict(mesh.shape)}' if mesh is not None else ''), flush=True)
 
