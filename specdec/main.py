@@ -5,7 +5,8 @@
   python -m specdec.main                               (the main job: gin/experiments/cpu/main_job.gin)
 
 Flags follow T5X: `--gin_file=PATH` (repeatable; looked up as given, then under the repo's gin/), and
-`--gin.NAME=VALUE` bindings. `--multihost` calls `jax.distributed.initialize()` first (Cloud TPU pods).
+`--gin.NAME=VALUE` bindings. `--multihost` initialises multi-host JAX first (`partitioning.initialize_multihost`,
+Cloud TPU pod slices). `main.run.num_partitions` shards params, caches and decoding over a (data, model) mesh.
 Everything the run writes goes under OUTPUT_DIR.
 
 Modes of `run` (`main.run.mode`):
