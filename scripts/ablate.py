@@ -96,12 +96,18 @@ def gamma_sweep(args):
             'time per token t_tok (Σ baseline time / Σ tokens): b / t_tok is the drafter call\'s cost inside the '
             'decode loop (c in situ) and a / t_tok the verify call plus the loop\'s own work per iteration, both '
             'in baseline-token units. Per-example fixed costs (encoders, caches) are spread over the iterations.',
-            '', '| drafter | temp | t_tok ms | a ms | b ms | c in situ (b / t_tok) | a / t_tok | c isolated (median) |',
-            '|---|---|---|---|---|---|---|---|']
+            '',
+            'The last columns: the α these in-loop costs need for 1.5× and 2× (`theory.required_alpha` with a / t_tok '
+            'as the verify cost and c in situ), at the best γ in the sweep\'s range.',
+            '', '| drafter | temp | t_tok ms | a ms | b ms | c in situ (b / t_tok) | a / t_tok | c isolated (median) | '
+            'α needed for 1.5× | α needed for 2× |',
+            '|---|---|---|---|---|---|---|---|---|---|']
   for (drafter, temp), (runs, alpha, c) in sorted(curves.items()):
     fit = in_loop_costs(runs)
+    needed = [needed_alpha(fit, x, max(args.gammas)) for x in (1.5, 2.0)]
     lines.append(f"| {drafter} | {temp:g} | {1000 * fit['t_tok']:.3f} | {1000 * fit['a']:.3f} | "
-                 f"{1000 * fit['b']:.3f} | {fit['c_in_situ']:.3f} | {fit['a_over_t_tok']:.2f} | {c:.3f} |")
+                 f"{1000 * fit['b']:.3f} | {fit['c_in_situ']:.3f} | {fit['a_over_t_tok']:.2f} | {c:.3f} | "
+                 + ' | '.join('unreachable' if a is None else f'{a:.2f} (γ={g})' for a, g in needed) + ' |')
   lines += ['', '![γ ablation](ablate_gamma.png)', '',
             'Thm 3.8 curve: (1 − α^(γ+1)) / ((1 − α)(γc + 1)) with the drafter\'s pooled α (kept/judged over all '
             'its runs) and median measured c; it assumes a γ+1-token verify call costs one 1-token call. The '
@@ -121,6 +127,18 @@ def in_loop_costs(runs):
   b, a = np.polyfit(gammas, t_iter, 1)
   return {'a': float(a), 'b': float(b), 't_tok': t_tok, 'c_in_situ': float(b) / t_tok,
           'a_over_t_tok': float(a) / t_tok}
+
+
+def needed_alpha(fit, speedup, max_gamma):
+  """(smallest α, its γ) reaching `speedup` with the fitted in-loop costs, γ in 1..max_gamma; (None, None) if none."""
+  if not np.isfinite(fit['c_in_situ']) or fit['c_in_situ'] < 0:
+    return None, None
+  best = None
+  for gamma in range(1, max_gamma + 1):
+    a = theory.required_alpha(speedup, gamma, fit['c_in_situ'], max(fit['a_over_t_tok'], 1e-9))
+    if np.isfinite(a) and (best is None or a < best[0]):
+      best = (float(a), gamma)
+  return best or (None, None)
 
 
 def _pooled_alpha(runs):

@@ -31,3 +31,13 @@ def test_pooled_alpha_weights_by_judged_drafts():
   runs = [_run(1, 0.004, accepted=1, judged=10), _run(2, 0.004, accepted=30, judged=40)]
   assert ablate._pooled_alpha(runs) == pytest.approx(31 / 50)  # not the mean of 0.1 and 0.75
   assert ablate._pooled_alpha([]) == 0.0
+
+
+def test_needed_alpha_takes_the_best_gamma_and_says_unreachable():
+  fit = {'c_in_situ': 0.1, 'a_over_t_tok': 1.2}
+  alpha, gamma = ablate.needed_alpha(fit, 2.0, 10)
+  from specdec import theory
+  reachable = [a for a in (theory.required_alpha(2.0, g, 0.1, 1.2) for g in range(1, 11)) if np.isfinite(a)]
+  assert alpha == pytest.approx(min(reachable))
+  assert 1 <= gamma <= 10
+  assert ablate.needed_alpha({'c_in_situ': 0.9, 'a_over_t_tok': 5.0}, 2.0, 3) == (None, None)
