@@ -56,8 +56,9 @@ def _run_all(args, grid):
 
 
 def _header(args, title):
+  machine = benchmark.machine_info()
   return (f'# {title}\n\n`{" ".join(["python"] + sys.argv)}` · {datetime.date.today().isoformat()} · '
-          f'{benchmark.machine_info()["processor"]}, {os.cpu_count()} CPUs, jax {benchmark.machine_info()["jax"]}'
+          f'{machine["processor"]}, {machine["cpu_count"]} CPUs, jax {machine["jax"]}'
           f' · first {args.max_examples} test examples per task, batch 1, {args.repeats} timed repeat(s) per '
           'example (median), compile excluded\n\n')
 
@@ -148,9 +149,7 @@ def _pooled_alpha(runs):
 
 
 def _plot_gamma(path, curves, task_name):
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  plt = benchmark.pyplot()
   fig, ax = plt.subplots(figsize=(7, 4.5))
   for n, ((drafter, temp), (runs, alpha, c)) in enumerate(sorted(curves.items())):
     color = f'C{n}'
@@ -168,11 +167,7 @@ def _plot_gamma(path, curves, task_name):
   ax.set_ylabel('speedup over the baseline')
   ax.set_title(f'γ ablation, {task_name}, batch 1, CPU')
   ax.legend(fontsize=7)
-  fig.tight_layout()
-  tmp = path + '.tmp.png'
-  fig.savefig(tmp, dpi=110)
-  plt.close(fig)
-  os.replace(tmp, path)
+  benchmark.save_png(fig, path)
 
 
 def drafter_sweep(args):
@@ -199,9 +194,7 @@ def drafter_sweep(args):
 
 
 def _plot_drafters(path, summaries, drafters):
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  plt = benchmark.pyplot()
   keys = sorted({(s['task'], s['setting']['temperature']) for s in summaries})
   fig, axes = plt.subplots(1, 3, figsize=(13, 4))
   width = 0.8 / max(len(keys), 1)
@@ -218,11 +211,7 @@ def _plot_drafters(path, summaries, drafters):
     ax.set_title(title)
   axes[2].axhline(1.0, color='k', lw=0.8)
   axes[0].legend(fontsize=7)
-  fig.tight_layout()
-  tmp = path + '.tmp.png'
-  fig.savefig(tmp, dpi=110)
-  plt.close(fig)
-  os.replace(tmp, path)
+  benchmark.save_png(fig, path)
 
 
 def _write(out, name, text, summaries):

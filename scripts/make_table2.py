@@ -12,6 +12,7 @@ import os
 
 import numpy as np
 
+from specdec import benchmark
 from specdec import checkpoints
 from specdec import tables
 
@@ -49,9 +50,7 @@ def main():
 
 
 def plot(path, summaries):
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  plt = benchmark.pyplot()
   labels = [f"{tables.TASK_LABEL.get(s['task'], s['task'])}\n{s['drafter']} t={s['setting']['temperature']:g}"
             for s in summaries]
   x = np.arange(len(summaries))
@@ -66,11 +65,7 @@ def plot(path, summaries):
   ax.set_xticklabels(labels, fontsize=7)
   ax.set_ylabel('speedup over the baseline')
   ax.legend(fontsize=8)
-  fig.tight_layout()
-  tmp = path + '.tmp.png'
-  fig.savefig(tmp, dpi=110)
-  plt.close(fig)
-  os.replace(tmp, path)
+  benchmark.save_png(fig, path)
 
 
 if __name__ == '__main__':

@@ -20,6 +20,7 @@ stopped; the summary is written as JSON, CSV (per example), Markdown and a plot.
 
 import dataclasses
 import datetime
+import io
 import json
 import os
 import platform
@@ -35,6 +36,8 @@ from specdec import checkpoints
 from specdec import decoding
 from specdec import evaluation
 from specdec import models
+from specdec import partitioning
+from specdec import tables
 from specdec import theory
 
 # Input lengths are padded up to one of these (capped at the configured length), so short inputs do not pay
@@ -190,7 +193,11 @@ def _timed(fn, *args):
   return time.perf_counter() - start, out
 
 
-def _load_done(path: str) -> Dict[int, dict]:
+def resume_records(path: str) -> Dict[int, dict]:
+  """The intact per-example records of a JSONL log, by index; the file is rewritten with just those.
+
+  A torn last line (an interrupted run) is dropped, so the caller can append the examples still to do.
+  """
   done = {}
   if os.path.exists(path):
     with open(path, encoding='utf-8') as f:
@@ -202,6 +209,7 @@ def _load_done(path: str) -> Dict[int, dict]:
           except json.JSONDecodeError:
             break  # a torn last line from an interrupted run: redo from there
           done[rec['index']] = rec
+  checkpoints.atomic_write(path, ''.join(json.dumps(r, ensure_ascii=False) + '\n' for r in done.values()).encode())
   return done
 
 
@@ -236,25 +244,20 @@ def run(target_module, target_params, drafter_module, drafter_params, task_name:
   if mesh is None:
     base_predict = baseline.compile_predict(setting.decoder_params())
     spec_predict = speculative.compile_predict(spec_decoder_params)
-    to_host = lambda tree: jax.tree_util.tree_map(np.asarray, tree)
   else:
-    from specdec import partitioning  # pylint: disable=g-import-not-at-top
     base_predict = partitioning.compile_predict_sharded(baseline, mesh, decoder_params=setting.decoder_params())
     spec_predict = partitioning.compile_predict_sharded(speculative, mesh, decoder_params=spec_decoder_params)
     params = spec_predict.shard_params(params)
     base_params = {'target': params['target']}
-    to_host = partitioning.to_host
   eos_id = baseline.eos_id
 
   batches = make_batches(examples, lengths, setting.batch_size, setting.length_buckets)
   warm = set()
   examples_path = os.path.join(output_dir, 'examples.jsonl')
-  done = _load_done(examples_path)
+  done = resume_records(examples_path)
   if done:
     print(f'Resuming: {len(done)} of {len(examples)} examples already measured in {examples_path}.',
           flush=True)
-  # Rewrite the intact records (drops a torn last line) before appending.
-  checkpoints.atomic_write(examples_path, ''.join(json.dumps(r) + '\n' for r in done.values()).encode())
 
   start = time.perf_counter()
   measured = 0
@@ -277,7 +280,7 @@ def run(target_module, target_params, drafter_module, drafter_params, task_name:
         base_times.append(t)
         t, (spec_out, spec_aux) = _timed(spec_predict, params, batch, rng)
         spec_times.append(t)
-      base_out, spec_out, stats = to_host((base_out, spec_out, spec_aux['stats']))
+      base_out, spec_out, stats = partitioning.to_host((base_out, spec_out, spec_aux['stats']))
       base_s, spec_s = float(np.median(base_times)), float(np.median(spec_times))
       for row, i in enumerate(idx):
         ex = examples[i]
@@ -329,8 +332,8 @@ def run(target_module, target_params, drafter_module, drafter_params, task_name:
                                           enc0, lengths['targets'], setting.gamma)
   costs = _COST_CACHE[cost_key]
   quality = {
-      'baseline': _metrics(task, [r['baseline_text'] for r in records], examples),
-      'speculative': _metrics(task, [r['speculative_text'] for r in records], examples),
+      'baseline': evaluation.score_predictions(task, [r['baseline_text'] for r in records], examples),
+      'speculative': evaluation.score_predictions(task, [r['speculative_text'] for r in records], examples),
   }
   cost_s = time.perf_counter() - cost_start
   summary = summarize(records, costs, setting)
@@ -373,16 +376,6 @@ def _batch_heads(records: Sequence[Mapping[str, Any]]) -> List[Mapping[str, Any]
       seen.add(r['batch'])
       out.append(r)
   return out
-
-
-def _metrics(task, predictions: Sequence[str], examples) -> Dict[str, float]:
-  preds = [task.postprocess_fn(p, example=ex, is_target=False) for p, ex in zip(predictions, examples)]
-  refs = [task.postprocess_fn(ex['targets_pretokenized'].decode('utf-8'), example=ex, is_target=True)
-          for ex in examples[:len(preds)]]
-  metrics = {}
-  for metric_fn in task.predict_metric_fns:
-    metrics.update(metric_fn(refs, preds))
-  return {k: float(v) for k, v in metrics.items()}
 
 
 def summarize(records: Sequence[Mapping[str, Any]], costs: Mapping[str, float], setting: Setting
@@ -442,10 +435,6 @@ def _finite_or_none(x: float) -> Optional[float]:
   return float(x) if np.isfinite(x) else None
 
 
-def _fmt(x: Optional[float], spec: str = '.2f') -> str:
-  return 'unreachable' if x is None else format(x, spec)
-
-
 def machine_info() -> Dict[str, Any]:
   return {'platform': platform.platform(), 'processor': platform.processor() or platform.machine(),
           'cpu_count': os.cpu_count(), 'python': platform.python_version(), 'jax': jax.__version__,
@@ -486,8 +475,8 @@ def markdown(summary: Mapping[str, Any]) -> str:
       f"| predicted speedup, Thm 3.8 (α, c) | {s['predicted_speedup_thm38']:.2f}× |",
       f"| predicted speedup, measured call costs | {s['predicted_speedup_costs']:.2f}× |",
       f"| measured / predicted (costs) | {s['measured_over_predicted']:.2f} |",
-      f"| α needed at this γ and these costs for 1.5× / 2× | {_fmt(s['alpha_needed']['1.5'])} / "
-      f"{_fmt(s['alpha_needed']['2.0'])} |",
+      f"| α needed at this γ and these costs for 1.5× / 2× | {tables.fmt(s['alpha_needed']['1.5'], none='unreachable')} / "
+      f"{tables.fmt(s['alpha_needed']['2.0'], none='unreachable')} |",
   ]
   if s['identical_rate'] is not None:
     lines.append(f"| identical greedy outputs | {100 * s['identical_rate']:.1f}% "
@@ -518,10 +507,7 @@ def write_outputs(output_dir: str, summary: Mapping[str, Any], records: Sequence
 
 def plot(path: str, summary: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> None:
   """Per-example wall times (baseline vs speculative) and acceptance per draft position."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-
+  plt = pyplot()
   heads = _batch_heads(records)
   fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
   base = np.array([1000 * r['baseline_s'] for r in heads])
@@ -543,8 +529,21 @@ def plot(path: str, summary: Mapping[str, Any], records: Sequence[Mapping[str, A
   ax2.legend()
   fig.suptitle(f"{summary['task']}, drafter {summary['drafter']}, γ={summary['setting']['gamma']}, "
                f"t={summary['setting']['temperature']:g}")
+  save_png(fig, path)
+
+
+def pyplot():
+  """matplotlib.pyplot on the non-interactive Agg backend (imported on first use: plots are optional)."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  return plt
+
+
+def save_png(fig, path: str) -> None:
+  """Writes a figure as PNG atomically (`checkpoints.atomic_write`) and closes it."""
   fig.tight_layout()
-  tmp = path + '.tmp.png'
-  fig.savefig(tmp, dpi=110)
-  plt.close(fig)
-  os.replace(tmp, path)
+  buf = io.BytesIO()
+  fig.savefig(buf, format='png', dpi=110)
+  pyplot().close(fig)
+  checkpoints.atomic_write(path, buf.getvalue())

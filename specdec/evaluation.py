@@ -40,6 +40,17 @@ def batches(examples: List[Mapping[str, Any]], feature_lengths: Mapping[str, int
            chunk)
 
 
+def score_predictions(task, predictions: List[str], examples: List[Mapping[str, Any]]) -> Dict[str, float]:
+  """The task's metrics of decoded texts against the examples' references (both postprocessed)."""
+  preds = [task.postprocess_fn(p, example=ex, is_target=False) for p, ex in zip(predictions, examples)]
+  refs = [task.postprocess_fn(ex['targets_pretokenized'].decode('utf-8'), example=ex, is_target=True)
+          for ex in examples[:len(preds)]]
+  metrics = {}
+  for metric_fn in task.predict_metric_fns:
+    metrics.update(metric_fn(refs, preds))
+  return {k: float(v) for k, v in metrics.items()}
+
+
 def decode_and_score(predict: PredictFn, params: Any, task_name: str, split: str,
                      feature_lengths: Mapping[str, int], batch_size: int = 32,
                      max_examples: Optional[int] = None,
@@ -52,19 +63,15 @@ def decode_and_score(predict: PredictFn, params: Any, task_name: str, split: str
   task = seqio.get_mixture_or_task(task_name)
   vocab = task.output_features['targets'].vocabulary
   examples = task_examples(task_name, split, feature_lengths, max_examples)
-  predictions, targets = [], []
+  texts = []
   start = time.perf_counter()
   for batch, chunk in batches(examples, feature_lengths, batch_size):
     decodes, _ = predict(params, batch, rng)
     decodes = np.asarray(decodes)
-    for row, ex in enumerate(chunk):
-      predictions.append(task.postprocess_fn(
-          vocab.decode(decodes[row].tolist()), example=ex, is_target=False))
-      targets.append(task.postprocess_fn(
-          ex['targets_pretokenized'].decode('utf-8'), example=ex, is_target=True))
+    texts.extend(vocab.decode(decodes[row].tolist()) for row in range(len(chunk)))
   seconds = time.perf_counter() - start
-  metrics = {}
-  for metric_fn in task.predict_metric_fns:
-    metrics.update(metric_fn(targets, predictions))
-  return {'metrics': {k: float(v) for k, v in metrics.items()},
+  predictions = [task.postprocess_fn(p, example=ex, is_target=False) for p, ex in zip(texts, examples)]
+  targets = [task.postprocess_fn(ex['targets_pretokenized'].decode('utf-8'), example=ex, is_target=True)
+             for ex in examples]
+  return {'metrics': score_predictions(task, texts, examples),
           'predictions': predictions, 'targets': targets, 'seconds': seconds}

@@ -33,6 +33,7 @@ import numpy as np
 from specdec import benchmark
 from specdec import checkpoints
 from specdec import decoding
+from specdec import evaluation
 from specdec import gin_utils
 from specdec import models
 from specdec import network
@@ -149,7 +150,6 @@ def _decode_split(model, params, task_name, split, lengths, setting, output_dir,
   import seqio  # pylint: disable=g-import-not-at-top
   task = seqio.get_mixture_or_task(task_name)
   vocab = task.output_features['targets'].vocabulary
-  from specdec import evaluation  # pylint: disable=g-import-not-at-top
   examples = evaluation.task_examples(task_name, split, lengths, max_examples)
   speculative = model.drafter_module is not None
   decoder_params = setting.decoder_params()
@@ -157,14 +157,11 @@ def _decode_split(model, params, task_name, split, lengths, setting, output_dir,
     decoder_params.update(gamma=setting.gamma, return_stats=True)
   if mesh is None:
     predict = model.compile_predict(decoder_params)
-    to_host = lambda tree: jax.tree_util.tree_map(np.asarray, tree)
   else:
     predict = partitioning.compile_predict_sharded(model, mesh, decoder_params=decoder_params)
     params = predict.shard_params(params)
-    to_host = partitioning.to_host
   path = os.path.join(output_dir, 'predictions.jsonl')
-  done = benchmark._load_done(path)  # pylint: disable=protected-access
-  checkpoints.atomic_write(path, ''.join(json.dumps(r) + '\n' for r in done.values()).encode())
+  done = benchmark.resume_records(path)
   if done:
     print(f'Resuming: {len(done)} of {len(examples)} examples already decoded in {path}.', flush=True)
   start, decoded, tokens = time.perf_counter(), 0, 0
@@ -174,7 +171,7 @@ def _decode_split(model, params, task_name, split, lengths, setting, output_dir,
       if all(i in done for i in idx):
         continue
       decodes, aux = predict(params, batch, jax.random.PRNGKey(setting.seed + batch_no))
-      decodes, stats = to_host((decodes, aux.get('stats', {})))
+      decodes, stats = partitioning.to_host((decodes, aux.get('stats', {})))
       for row, i in enumerate(idx):
         rec = {'index': i, 'inputs': examples[i]['inputs_pretokenized'].decode('utf-8'),
                'reference': examples[i]['targets_pretokenized'].decode('utf-8'),
@@ -321,7 +318,7 @@ def _execute(output_dir, mode, task, split, lengths, setting, target_checkpoint,
   summary = {'task': task, 'split': split, 'drafter': drafter_name, 'setting': dataclasses.asdict(setting),
              'statistics': _decode_statistics(records)}
   if mode == 'eval':
-    summary['metrics'] = benchmark._metrics(  # pylint: disable=protected-access
+    summary['metrics'] = evaluation.score_predictions(
         task_obj, [r['prediction'] for r in records], examples)
     checkpoints.atomic_write(os.path.join(output_dir, 'metrics.json'), json.dumps(summary, indent=2).encode())
   else:

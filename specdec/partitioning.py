@@ -33,7 +33,7 @@ import functools
 import logging
 import math
 import os
-from typing import Any, Callable, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Mapping, Optional, Sequence, Tuple, Union
 
 import flax
 import flax.linen as nn

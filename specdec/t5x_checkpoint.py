@@ -25,7 +25,7 @@ import os
 import posixpath
 import re
 import shutil
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Mapping
 
 import flax
 import jax

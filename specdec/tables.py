@@ -37,7 +37,7 @@ def paper_row(task: str, drafter: str, temperature: float) -> Optional[Tuple[int
   return PAPER_TABLE2.get(key)
 
 
-def _fmt(x: Any, spec: str = '.2f', none: str = '-') -> str:
+def fmt(x: Any, spec: str = '.2f', none: str = '-') -> str:
   return none if x is None else format(x, spec)
 
 
@@ -56,7 +56,7 @@ def table2_markdown(summaries: Sequence[Mapping[str, Any]], title: str = 'Table 
     paper_text = (f"T5-{PAPER_DRAFTER_FOR.get(s['drafter'])}: {paper[0]}, {paper[1]:.2f}, {paper[2]:.1f}×"
                   if paper else '-')
     needed_by = s.get('alpha_needed', {})  # None for a target no α reaches; missing in older summaries
-    needed = ' / '.join(_fmt(needed_by[k], none='unreachable') if k in needed_by else '-'
+    needed = ' / '.join(fmt(needed_by[k], none='unreachable') if k in needed_by else '-'
                         for k in ('1.5', '2.0'))
     identical = ('-' if s.get('identical_rate') is None
                  else f"{100 * s['identical_rate']:.0f}%")
@@ -93,7 +93,7 @@ def table3_markdown(alphas: Mapping[Tuple[str, str], Mapping[float, float]],
     for d in drafters:
       got = alphas.get((task, d), {})
       paper = PAPER_TABLE3.get((TASK_KIND.get(task), PAPER_DRAFTER_FOR.get(d, d)))
-      text = f"{_fmt(got.get(0.0))} / {_fmt(got.get(1.0))}"
+      text = f"{fmt(got.get(0.0))} / {fmt(got.get(1.0))}"
       if paper:
         text += f' ({paper[0]:.2f} / {paper[1]:.2f})'
       cells.append(text)
