@@ -37,6 +37,7 @@ from specdec import decoding
 from specdec import evaluation
 from specdec import models
 from specdec import partitioning
+from specdec import profiling
 from specdec import tables
 from specdec import theory
 
@@ -56,6 +57,8 @@ class Setting:
   repeats: int = 3
   seed: int = 0
   length_buckets: bool = True
+  # Adaptive drafting (`decoding.speculative_sample`): stop a row's drafts below this drafter confidence.
+  draft_confidence: float = 0.0
 
   def validate(self) -> None:
     if isinstance(self.gamma, bool) or not isinstance(self.gamma, int) or self.gamma < 1:
@@ -65,8 +68,17 @@ class Setting:
     if self.topk and self.topp:
       raise ValueError('Use top-k or top-p, not both '
                        f'(topk={self.topk}, topp={self.topp}).')
+    if not 0.0 <= self.draft_confidence < 1.0:
+      raise ValueError(f'draft_confidence must be in [0, 1), got {self.draft_confidence}.')
     if self.batch_size < 1 or self.repeats < 1:
       raise ValueError(f'batch_size and repeats must be >= 1, got {self.batch_size}, {self.repeats}.')
+
+  def speculative_params(self) -> Dict[str, Any]:
+    """`decoder_params` plus γ, statistics and (when on) adaptive drafting."""
+    params = dict(self.decoder_params(), gamma=self.gamma, return_stats=True)
+    if self.draft_confidence:
+      params['draft_confidence'] = float(self.draft_confidence)
+    return params
 
   def decoder_params(self) -> Dict[str, Any]:
     # T5X's decode functions default to topk=1 (argmax); 0 means "no top-k".
@@ -111,51 +123,6 @@ def num_tokens(decode_l: np.ndarray, eos_id: int) -> int:
 # ----------------------------------------------------------------------------------------------------------
 # Call costs, measured in isolation.
 # ----------------------------------------------------------------------------------------------------------
-
-
-def time_decode_calls(module, params, encoder_input_tokens: np.ndarray, max_decode_length: int,
-                      num_new_tokens: int, num_calls: int = 32, repeats: int = 5) -> float:
-  """Median seconds of one `decode_step` call with `num_new_tokens` tokens per row.
-
-  The calls run inside one jitted `lax.scan` (as they do inside the decode loops), at advancing positions
-  of a real encoded input, so dispatch overhead is not counted.
-  """
-  enc = jnp.asarray(encoder_input_tokens)
-  encoded = module.apply({'params': params}, enc, enable_dropout=False, method=module.encode)
-  _, variables = module.apply({'params': params}, encoded, enc, max_decode_length,
-                              method=module.init_cache, mutable=['cache'])
-  cache0 = variables.get('cache', {})
-  rows = enc.shape[0]
-  span = max(max_decode_length - num_new_tokens, 1)
-
-  @jax.jit
-  def calls(cache):
-    def body(cache, i):
-      tokens = jnp.full((rows, num_new_tokens), 3, jnp.int32)
-      logits, new_vars = module.apply({'params': params, 'cache': cache}, tokens,
-                                      jnp.full((rows,), i % span, jnp.int32),
-                                      method=module.decode_step, mutable=['cache'])
-      return new_vars.get('cache', {}), jnp.argmax(logits[:, -1], axis=-1)
-    return jax.lax.scan(body, cache, jnp.arange(num_calls))
-
-  jax.block_until_ready(calls(cache0))
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(calls(cache0))
-    times.append(time.perf_counter() - start)
-  return float(np.median(times)) / num_calls
-
-
-def measure_costs(target_module, target_params, drafter_module, drafter_params,
-                  encoder_input_tokens: np.ndarray, max_decode_length: int, gamma: int) -> Dict[str, float]:
-  """Target 1-token, target γ+1-token (verify) and drafter 1-token call times; c and the verify ratio."""
-  t_target = time_decode_calls(target_module, target_params, encoder_input_tokens, max_decode_length, 1)
-  t_verify = time_decode_calls(target_module, target_params, encoder_input_tokens, max_decode_length,
-                               gamma + 1)
-  t_draft = time_decode_calls(drafter_module, drafter_params, encoder_input_tokens, max_decode_length, 1)
-  return {'target_call_s': t_target, 'verify_call_s': t_verify, 'draft_call_s': t_draft,
-          'c': t_draft / t_target, 'verify_cost_ratio': t_verify / t_target}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -216,11 +183,14 @@ def resume_records(path: str) -> Dict[int, dict]:
 def run(target_module, target_params, drafter_module, drafter_params, task_name: str, split: str,
         lengths: Mapping[str, int], setting: Setting, output_dir: str, max_examples: Optional[int] = None,
         drafter_name: str = 'drafter', log_every: int = 8, write_plot: bool = True,
-        extra_info: Optional[Mapping[str, Any]] = None, mesh=None) -> Dict[str, Any]:
+        extra_info: Optional[Mapping[str, Any]] = None, mesh=None,
+        measure_in_loop: bool = True) -> Dict[str, Any]:
   """Benchmarks baseline vs speculative decoding on a task split; writes results into `output_dir`.
 
   With a ('data', 'model') `mesh` (`partitioning.make_mesh`) both decoders run sharded by T5X's rules
-  (`partitioning.compile_predict_sharded`); otherwise jit on the default device.
+  (`partitioning.compile_predict_sharded`); otherwise jit on the default device. `measure_in_loop` also times
+  one round phase by phase inside a compiled loop (`profiling.in_loop_costs`), so the summary shows c and the
+  round's fixed cost as the loop pays them and the speedup they predict.
 
   Returns the summary (also written to `output_dir/benchmark.json`).
   """
@@ -240,7 +210,7 @@ def run(target_module, target_params, drafter_module, drafter_params, task_name:
   baseline, speculative = _models(target_module, drafter_module, vocab)
   base_params = {'target': target_params}
   params = {'target': target_params, 'drafter': drafter_params}
-  spec_decoder_params = dict(setting.decoder_params(), gamma=setting.gamma, return_stats=True)
+  spec_decoder_params = setting.speculative_params()
   if mesh is None:
     base_predict = baseline.compile_predict(setting.decoder_params())
     spec_predict = speculative.compile_predict(spec_decoder_params)
@@ -328,15 +298,22 @@ def run(target_module, target_params, drafter_module, drafter_params, task_name:
   cost_key = (target_module, drafter_module, id(target_params), id(drafter_params), enc0.shape,
               enc0.tobytes(), lengths['targets'], setting.gamma)
   if cost_key not in _COST_CACHE:  # rows differing only in temperature share the call costs
-    _COST_CACHE[cost_key] = measure_costs(target_module, target_params, drafter_module, drafter_params,
-                                          enc0, lengths['targets'], setting.gamma)
+    _COST_CACHE[cost_key] = profiling.measure_costs(target_module, target_params, drafter_module,
+                                                    drafter_params, enc0, lengths['targets'], setting.gamma)
   costs = _COST_CACHE[cost_key]
+  in_loop = None
+  if measure_in_loop and mesh is None:
+    # One round, phase by phase, inside a compiled loop (first batch, its baseline output as the prefix).
+    first = batches[0][1]
+    decoded_l = partitioning.to_host(base_predict(base_params, first, jax.random.PRNGKey(setting.seed))[0])[0]
+    in_loop = profiling.in_loop_costs(target_module, target_params, drafter_module, drafter_params, first,
+                                      decoded_l, setting.gamma, spec_decoder_params)
   quality = {
       'baseline': evaluation.score_predictions(task, [r['baseline_text'] for r in records], examples),
       'speculative': evaluation.score_predictions(task, [r['speculative_text'] for r in records], examples),
   }
   cost_s = time.perf_counter() - cost_start
-  summary = summarize(records, costs, setting)
+  summary = summarize(records, costs, setting, in_loop)
   summary.update(
       wall_seconds={'compile_and_warmup': warmup_s, 'timed_decoding': decode_s, 'cost_measurement': cost_s},
       task=task_name, split=split, drafter=drafter_name, lengths=dict(lengths),
@@ -378,8 +355,8 @@ def _batch_heads(records: Sequence[Mapping[str, Any]]) -> List[Mapping[str, Any]
   return out
 
 
-def summarize(records: Sequence[Mapping[str, Any]], costs: Mapping[str, float], setting: Setting
-              ) -> Dict[str, Any]:
+def summarize(records: Sequence[Mapping[str, Any]], costs: Mapping[str, float], setting: Setting,
+              in_loop: Optional[Mapping[str, float]] = None) -> Dict[str, Any]:
   """The benchmark's numbers from per-example records and the measured call costs."""
   heads = _batch_heads(records)
   base_total = sum(r['baseline_s'] for r in heads)
@@ -427,6 +404,10 @@ def summarize(records: Sequence[Mapping[str, Any]], costs: Mapping[str, float], 
                        for x in (1.5, 2.0)},
       'identical_rate': float(np.mean(identical)) if setting.temperature == 0 else None,
       'mismatches': mismatches,
+      'in_loop': dict(in_loop) if in_loop else None,
+      'predicted_speedup_in_loop': (profiling.predicted_speedup_in_loop(
+          in_loop, [r['baseline_tokens'] for r in records], [r['target_calls'] for r in records])
+                                    if in_loop else None),
   }
 
 
@@ -478,6 +459,18 @@ def markdown(summary: Mapping[str, Any]) -> str:
       f"| α needed at this γ and these costs for 1.5× / 2× | {tables.fmt(s['alpha_needed']['1.5'], none='unreachable')} / "
       f"{tables.fmt(s['alpha_needed']['2.0'], none='unreachable')} |",
   ]
+  if s.get('in_loop'):
+    il = s['in_loop']
+    lines += [
+        f"| inside the loop: c (draft step / baseline round) | {il['c_in_loop']:.3f} "
+        f"({1000 * il['draft_s'] / setting['gamma']:.3f} / {1000 * il['baseline_round_s']:.3f} ms) |",
+        f"| inside the loop: round less drafting (a) / baseline round | {il['round_fixed_in_loop']:.2f} "
+        f"({1000 * (il['round_s'] - il['draft_s']):.3f} / {1000 * il['baseline_round_s']:.3f} ms) |",
+        f"| per-example fixed cost, baseline / speculative | {1000 * il['baseline_fixed_s']:.2f} / "
+        f"{1000 * il['speculative_fixed_s']:.2f} ms |",
+        f"| predicted speedup, in-loop costs | {s['predicted_speedup_in_loop']:.2f}× "
+        f"(measured / predicted {s['speedup'] / s['predicted_speedup_in_loop']:.2f}) |",
+    ]
   if s['identical_rate'] is not None:
     lines.append(f"| identical greedy outputs | {100 * s['identical_rate']:.1f}% "
                  f"({s['examples'] - len(s['mismatches'])}/{s['examples']}) |")

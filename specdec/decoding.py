@@ -17,8 +17,9 @@ that is teacher-forced and excluded from the log-probabilities; after a
 generated EOS a row emits 0.
 """
 
+import dataclasses
 import functools
-from typing import Any, Callable, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Tuple, Union
 
 import flax
 import jax
@@ -225,7 +226,10 @@ def temperature_sample(
     state, generated = carry
     if state_callback_fn is not None:
       state = state_callback_fn(state)
-    step_rng, next_rng = jax.random.split(state.rng)
+    if static_greedy:
+      step_rng = next_rng = state.rng
+    else:
+      step_rng, next_rng = jax.random.split(state.rng)
     logits, new_cache = tokens_to_logits(DecodingState(
         cur_index=state.cur_index, sequences=state.sequences[:, :-2],
         cur_token=state.cur_token, cache=state.cache))
@@ -234,10 +238,12 @@ def temperature_sample(
       logits = logits[:, 0]
     if logit_callback_fn is not None:
       logits = logit_callback_fn(logits, state)
-    logp_bv = sampling.adjusted_log_probs(logits, temperature, topk, topp)
-    sampled_b = sampling.sample(step_rng, logp_bv, greedy=static_greedy)
-    score_logp_bv = (logp_bv if rescale_log_probs
-                     else jax.nn.log_softmax(logits.astype(jnp.float32)))
+    if static_greedy:  # argmax needs no normalisation and no random numbers
+      sampled_b = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+      logp_bv = None
+    else:
+      logp_bv = sampling.adjusted_log_probs(logits, temperature, topk, topp)
+      sampled_b = sampling.sample(step_rng, logp_bv)
 
     i_b = jnp.minimum(state.cur_index, max_len_b)
     forced_token_b = jnp.take_along_axis(state.sequences, (i_b + 1)[:, None],
@@ -246,8 +252,12 @@ def temperature_sample(
     token_b = jnp.where(is_forced_b, forced_token_b, sampled_b)
     token_b = jnp.where(state.ended, 0, token_b)
     counts_b = ~is_forced_b & ~state.ended
-    log_prob_b = state.log_prob + jnp.where(
-        counts_b, sampling.token_log_prob(score_logp_bv, sampled_b), 0.0)
+    log_prob_b = state.log_prob
+    if not (static_greedy and rescale_log_probs):  # an argmax one-hot scores 0
+      score_logp_bv = (logp_bv if rescale_log_probs
+                       else jax.nn.log_softmax(logits.astype(jnp.float32)))
+      log_prob_b = log_prob_b + jnp.where(
+          counts_b, sampling.token_log_prob(score_logp_bv, sampled_b), 0.0)
     write_bl = jnp.arange(length + 2) == (i_b + 1)[:, None]
     sequences = jnp.where(write_bl, token_b[:, None], state.sequences)
     generated = generated | (write_bl & counts_b[:, None])
@@ -273,6 +283,15 @@ def temperature_sample(
 
 # ---------------------------------------------------------------------------
 # Speculative sampling (Leviathan et al. 2023, Algorithm 1).
+#
+# The loop body calls four phases in order, as Algorithm 1 reads:
+#   draft   — the drafter proposes up to γ tokens (M_q, γ steps);
+#   verify  — ONE target call scores x_i and the γ drafts (M_p on γ+1 tokens);
+#   accept  — Algorithm 1's test keeps the leading drafts and picks one more
+#             token from the residual or p_{n+1} (pure math, sampling.py);
+#   commit  — writes the kept tokens, advances each row, counts statistics.
+# Each is a function of (spec, state, ...) with its own test; the profiler
+# (specdec/profiling.py) times the same phases.
 # ---------------------------------------------------------------------------
 
 
@@ -282,24 +301,329 @@ class SpeculativeLoopState:
 
   Attributes:
     cur_index: [B] position of each row's last committed token; the target has
-      consumed every position before it, the drafter at least all before it-1.
+      consumed every position before it, the drafter every position before
+      it-1, and position it-1 too unless `draft_lag`.
     sequences: [B, L+γ+2] committed tokens (position 0 = BOS), then prompt.
     target_cache, draft_cache: the two models' caches.
+    draft_lag: [B] the last round kept every real draft, so the drafter has
+      not consumed position cur_index-1 (the last kept draft) yet.
     ended: [B] rows that emitted EOS or reached their length limit.
     generated: [B, L+γ+2] positions holding sampled (not forced) tokens.
-    rng: PRNG key.
+    rng: PRNG key (unused on the static greedy path).
     log_prob: [B] log-probability of the sampled tokens under adjusted p.
-    stats: per-row counters (see `speculative_sample`).
+    stats: per-row counters (see `speculative_sample`); {} unless requested.
   """
   cur_index: jax.Array
   sequences: jax.Array
   target_cache: PyTree
   draft_cache: PyTree
+  draft_lag: jax.Array
   ended: jax.Array
   generated: jax.Array
   rng: jax.Array
   log_prob: jax.Array
   stats: Mapping[str, jax.Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopSpec:
+  """What the phases need besides the loop state (fixed for one decode).
+
+  Attributes:
+    gamma: drafts per round (γ).
+    eos_id: end-of-sequence id.
+    tokens_to_logits, draft_tokens_to_logits: the two models.
+    forced_bl: [B, L+γ+2] positions holding given prompt tokens.
+    max_len_b: [B] the last position each row may fill.
+    temperature, topk, topp: the sampling settings of both p and q.
+    fast_greedy: argmax decoding known at trace time with lenience 1: drafts
+      and verdicts by argmax, no normalisation, no random numbers, no q.
+    lenience: 1 is exact; < 1 is Appendix A.5's approximate variant.
+    rescale_log_probs: score tokens under adjusted p (True) or softmax.
+    draft_confidence: adaptive drafting; a row stops drafting in a round once
+      the drafter's probability of its drawn token is below this (0 = off).
+    return_stats: count the per-row statistics.
+  """
+  gamma: int
+  eos_id: int
+  tokens_to_logits: TokensToLogits
+  draft_tokens_to_logits: TokensToLogits
+  forced_bl: jax.Array
+  max_len_b: jax.Array
+  temperature: Any = 1.0
+  topk: int = 0
+  topp: Any = 0.0
+  fast_greedy: bool = False
+  lenience: float = 1.0
+  rescale_log_probs: bool = True
+  draft_confidence: float = 0.0
+  return_stats: bool = False
+
+  def adjust(self, logits_xv: jax.Array) -> jax.Array:
+    return sampling.adjusted_log_probs(logits_xv, self.temperature, self.topk,
+                                       self.topp)
+
+
+class Drafts(NamedTuple):
+  """What the draft phase hands to verification.
+
+  Attributes:
+    tokens_bg: [B, γ] drafts x_1..x_γ (entries at j >= num_drafted_b are
+      placeholders, never kept).
+    logq_bgv: [B, γ, V] adjusted log q each draft was sampled from; None on
+      the static greedy path.
+    num_drafted_b: [B] drafts made this round (γ unless adaptive drafting
+      stopped the row earlier).
+    cache: the drafter's cache after drafting.
+  """
+  tokens_bg: jax.Array
+  logq_bgv: Optional[jax.Array]
+  num_drafted_b: jax.Array
+  cache: PyTree
+
+
+def _rows_at(x_bl: jax.Array, pos_b: jax.Array) -> jax.Array:
+  """x[b, pos[b]] for each row."""
+  return jnp.take_along_axis(x_bl, pos_b[:, None], axis=1)[:, 0]
+
+
+def _draft_catch_up(spec: LoopSpec, state: SpeculativeLoopState) -> Tuple[jax.Array, PyTree]:
+  """The drafter's first call of a round: logits [B, V] for position i+1.
+
+  It feeds position i (the token the target committed last round), and also
+  position i-1 when some row kept every draft last round (`draft_lag`), so
+  the drafter never recomputes more of the prefix than it missed. Stale
+  entries a rejected round left past i are overwritten before they are read.
+  """
+  i_b = state.cur_index
+
+  def call(k):
+    start_b = jnp.maximum(i_b - (k - 1), 0)
+    window_bk = jnp.take_along_axis(state.sequences,
+                                    start_b[:, None] + jnp.arange(k), axis=1)
+    logits_bkv, cache = spec.draft_tokens_to_logits(DecodingState(
+        cur_index=start_b, sequences=state.sequences, cur_token=window_bk,
+        cache=state.draft_cache))
+    cache = _freeze_like(cache, state.draft_cache)
+    # Row i-1 = 0 (at the start) reads its first slot: position i itself.
+    logits_bv = jnp.take_along_axis(
+        logits_bkv, jnp.minimum(i_b - start_b, k - 1)[:, None, None], axis=1)[:, 0]
+    return logits_bv, cache
+
+  lagging = jnp.any(state.draft_lag & ~state.ended)
+  return lax.cond(lagging, lambda: call(2), lambda: call(1))
+
+
+def _pick_draft(spec: LoopSpec, state: SpeculativeLoopState, j, logits_bv, rng):
+  """Draft for position i+1+j: (token [B], log q [B, V] or None, confidence [B]).
+
+  Confidence is q of the drawn token (its top probability when greedy), 1
+  for a given prompt token; it is computed only for adaptive drafting.
+  """
+  pos_b = state.cur_index + 1 + j
+  if spec.fast_greedy:
+    logq_bv = None
+    token_b = jnp.argmax(logits_bv, axis=-1).astype(jnp.int32)
+    confidence_b = (jnp.max(jax.nn.softmax(logits_bv.astype(jnp.float32), axis=-1), axis=-1)
+                    if spec.draft_confidence > 0 else None)
+  else:
+    logq_bv = spec.adjust(logits_bv)
+    token_b = sampling.sample(rng, logq_bv)
+    confidence_b = (jnp.exp(sampling.token_log_prob(logq_bv, token_b))
+                    if spec.draft_confidence > 0 else None)
+  forced_b = _rows_at(spec.forced_bl, pos_b)
+  token_b = jnp.where(forced_b, _rows_at(state.sequences, pos_b), token_b)
+  if confidence_b is not None:
+    confidence_b = jnp.where(forced_b, 1.0, confidence_b)
+  return token_b, logq_bv, confidence_b
+
+
+def draft_phase(spec: LoopSpec, state: SpeculativeLoopState,
+                rng: Optional[jax.Array]) -> Drafts:
+  """Up to γ drafter steps: the drafts of positions i+1 .. i+γ.
+
+  With `spec.draft_confidence` > 0 a row stops drafting after a draft whose
+  confidence is below it (that draft is still verified); the loop stops when
+  no row drafts any more. Stopping on the drafter's own draws never changes
+  the output distribution: each kept token still passes Algorithm 1's test.
+  """
+  gamma, rows = spec.gamma, state.cur_index.shape[0]
+  rngs = (None,) * gamma if rng is None else tuple(jax.random.split(rng, gamma))
+  rngs_g = None if rng is None else jnp.stack(rngs)
+  logits_bv, cache = _draft_catch_up(spec, state)
+  token_b, logq_bv, confidence_b = _pick_draft(spec, state, 0, logits_bv, rngs[0])
+  tokens_bg = jnp.zeros((rows, gamma), jnp.int32).at[:, 0].set(token_b)
+  logq_bgv = None if logq_bv is None else jnp.zeros(
+      (rows, gamma) + logq_bv.shape[1:], logq_bv.dtype).at[:, 0].set(logq_bv)
+  adaptive = spec.draft_confidence > 0
+  drafting_b = (confidence_b >= spec.draft_confidence) if adaptive else jnp.ones((rows,), bool)
+  num_drafted_b = jnp.ones((rows,), jnp.int32)
+  if gamma == 1:
+    return Drafts(tokens_bg, logq_bgv, num_drafted_b, cache)
+
+  def cond(carry):
+    j, _, _, _, _, drafting_b, _ = carry
+    return (j < gamma) & jnp.any(drafting_b) if adaptive else j < gamma
+
+  def body(carry):
+    j, token_b, cache, tokens_bg, logq_bgv, drafting_b, num_drafted_b = carry
+    logits_b1v, new_cache = spec.draft_tokens_to_logits(DecodingState(
+        cur_index=state.cur_index + j, sequences=state.sequences,
+        cur_token=token_b[:, None], cache=cache))
+    new_cache = _freeze_like(new_cache, cache)
+    rng_j = None if rngs_g is None else rngs_g[j]
+    token_b, logq_bv, confidence_b = _pick_draft(spec, state, j, logits_b1v[:, 0], rng_j)
+    tokens_bg = lax.dynamic_update_slice(tokens_bg, token_b[:, None], (0, j))
+    if logq_bgv is not None:
+      logq_bgv = lax.dynamic_update_slice(logq_bgv, logq_bv[:, None], (0, j, 0))
+    num_drafted_b = num_drafted_b + drafting_b
+    if adaptive:
+      drafting_b = drafting_b & (confidence_b >= spec.draft_confidence)
+    return j + 1, token_b, new_cache, tokens_bg, logq_bgv, drafting_b, num_drafted_b
+
+  carry = (jnp.ones((), jnp.int32), token_b, cache, tokens_bg, logq_bgv, drafting_b,
+           num_drafted_b)
+  _, _, cache, tokens_bg, logq_bgv, _, num_drafted_b = lax.while_loop(cond, body, carry)
+  return Drafts(tokens_bg, logq_bgv, num_drafted_b, cache)
+
+
+def verify_phase(spec: LoopSpec, state: SpeculativeLoopState,
+                 drafts: Drafts) -> Tuple[jax.Array, PyTree]:
+  """ONE target call on [x_i, x_1..x_γ] at positions i..i+γ: logits [B, γ+1, V].
+
+  With adaptive drafting the call is only as wide as the longest draft of any
+  active row (m+1 tokens; one compiled branch per m): a verify call's cost
+  grows with its width. Logits past m+1 are zeros and never read (no row has
+  a draft there).
+  """
+  cur_token_b = _rows_at(state.sequences, state.cur_index)
+  tokens_bk = jnp.concatenate([cur_token_b[:, None], drafts.tokens_bg], axis=1)
+
+  def call(width):
+    logits_bwv, cache = spec.tokens_to_logits(DecodingState(
+        cur_index=state.cur_index, sequences=state.sequences, cur_token=tokens_bk[:, :width],
+        cache=state.target_cache))
+    pad = spec.gamma + 1 - width
+    logits_bkv = jnp.pad(logits_bwv, ((0, 0), (0, pad), (0, 0))) if pad else logits_bwv
+    return logits_bkv, _freeze_like(cache, state.target_cache)
+
+  if spec.draft_confidence <= 0 or spec.gamma == 1:
+    return call(spec.gamma + 1)
+  longest = jnp.max(jnp.where(state.ended, 1, drafts.num_drafted_b))
+  return lax.switch(longest - 1, [functools.partial(call, m + 1) for m in range(1, spec.gamma + 1)])
+
+
+def accept_phase(spec: LoopSpec, state: SpeculativeLoopState, drafts: Drafts,
+                 logits_bkv: jax.Array, rng: Optional[jax.Array]
+                 ) -> Tuple[sampling.Verdict, Optional[jax.Array]]:
+  """Algorithm 1's test on the drafts: (Verdict, adjusted log p [B, γ+1, V]).
+
+  log p is None on the static greedy path (argmax needs no normalisation).
+  """
+  pos_bk = state.cur_index[:, None] + 1 + jnp.arange(spec.gamma + 1)
+  forced_bg = jnp.take_along_axis(spec.forced_bl, pos_bk[:, :spec.gamma], axis=1)
+  if spec.fast_greedy:
+    return sampling.verify_greedy(drafts.tokens_bg, logits_bkv, forced_bg,
+                                  num_drafted_b=drafts.num_drafted_b), None
+  logp_bkv = spec.adjust(logits_bkv)
+  verdict = sampling.verify(
+      rng, drafts.tokens_bg, drafts.logq_bgv, logp_bkv, lenience=spec.lenience,
+      forced_bg=forced_bg, greedy=sampling.is_greedy(spec.temperature),
+      target_logits_bgv=logits_bkv, num_drafted_b=drafts.num_drafted_b)
+  return verdict, logp_bkv
+
+
+def commit_phase(spec: LoopSpec, state: SpeculativeLoopState, drafts: Drafts,
+                 verdict: sampling.Verdict, logits_bkv: jax.Array,
+                 logp_bkv: Optional[jax.Array], target_cache: PyTree,
+                 rng: jax.Array) -> SpeculativeLoopState:
+  """Writes the n kept drafts and the next token, advances rows, counts stats.
+
+  Rows stop at their length limit and after a generated EOS (written, then
+  nothing more); ended rows write nothing.
+  """
+  gamma = spec.gamma
+  i_b, n_b = state.cur_index, verdict.num_accepted_b
+  steps_g1 = jnp.arange(gamma + 1)
+  pos_bk = i_b[:, None] + 1 + steps_g1  # positions of the γ+1 candidates
+  row_ids = jnp.arange(i_b.shape[0])[:, None]
+  forced_bk = spec.forced_bl[row_ids, pos_bk]
+  old_bk = state.sequences[row_ids, pos_bk]
+  # Candidates: the n kept drafts, then the residual/bonus token (or the
+  # given prompt token there).
+  next_b = jnp.where(_rows_at(forced_bk, n_b), _rows_at(old_bk, n_b), verdict.next_token_b)
+  cand_bk = jnp.where(steps_g1 < n_b[:, None],
+                      jnp.pad(drafts.tokens_bg, ((0, 0), (0, 1))), next_b[:, None])
+  active_b = ~state.ended
+  sampled_bk = ~forced_bk
+  in_limit_bk = pos_bk <= spec.max_len_b[:, None]
+  in_budget_bk = (steps_g1 <= n_b[:, None]) & in_limit_bk
+  is_eos_bk = in_budget_bk & sampled_bk & (cand_bk == spec.eos_id)
+  # Keep candidates up to and including the first generated EOS.
+  before_eos_bk = (jnp.cumsum(is_eos_bk, axis=1) - is_eos_bk) == 0
+  write_bk = in_budget_bk & before_eos_bk & active_b[:, None]
+
+  sequences = state.sequences.at[row_ids, pos_bk].set(jnp.where(write_bk, cand_bk, old_bk))
+  generated = state.generated.at[row_ids, pos_bk].set(
+      state.generated[row_ids, pos_bk] | (write_bk & sampled_bk))
+  log_prob = state.log_prob
+  if not (spec.fast_greedy and spec.rescale_log_probs):  # argmax one-hots score 0
+    score_logp_bkv = (logp_bkv if spec.rescale_log_probs
+                      else jax.nn.log_softmax(logits_bkv.astype(jnp.float32)))
+    log_prob = log_prob + jnp.sum(jnp.where(
+        write_bk & sampled_bk, sampling.token_log_prob(score_logp_bkv, cand_bk), 0.0), axis=1)
+
+  hit_eos_b = jnp.any(is_eos_bk & write_bk, axis=1)
+  new_i_b = jnp.where(active_b, jnp.minimum(i_b + n_b + 1, spec.max_len_b), i_b)
+  ended = state.ended | hit_eos_b | (new_i_b >= spec.max_len_b)
+  stats = (_count_stats(spec, state, drafts, verdict, sampled_bk, in_limit_bk,
+                        before_eos_bk, write_bk) if spec.return_stats else state.stats)
+  return SpeculativeLoopState(
+      cur_index=new_i_b, sequences=sequences, target_cache=target_cache,
+      draft_cache=drafts.cache, draft_lag=n_b >= drafts.num_drafted_b, ended=ended,
+      generated=generated, rng=rng, log_prob=log_prob, stats=stats)
+
+
+def _count_stats(spec, state, drafts, verdict, sampled_bk, in_limit_bk, before_eos_bk,
+                 write_bk):
+  """Per-row counters over the sampled (not forced) drafts.
+
+  `drafted`: real drafts within the row's length limit; `judged`: those
+  compared, up to and including the first rejection and not after a
+  generated EOS; `accepted`: judged and kept.
+  """
+  gamma, n_b = spec.gamma, verdict.num_accepted_b
+  steps_g = jnp.arange(gamma)
+  active_b1 = ~state.ended[:, None]
+  real_bg = steps_g < drafts.num_drafted_b[:, None]
+  drafted_bg = (sampled_bk & in_limit_bk)[:, :gamma] & real_bg & active_b1
+  judged_bg = drafted_bg & before_eos_bk[:, :gamma] & (steps_g <= n_b[:, None])
+  kept_bg = judged_bg & verdict.accepted_bg
+  s = state.stats
+  return dict(
+      target_calls=s['target_calls'] + active_b1[:, 0],
+      drafted=s['drafted'] + jnp.sum(drafted_bg, axis=1),
+      judged=s['judged'] + jnp.sum(judged_bg, axis=1),
+      accepted=s['accepted'] + jnp.sum(kept_bg, axis=1),
+      accepted_at=s['accepted_at'] + kept_bg,
+      overlap_sum=s['overlap_sum'] + jnp.sum(
+          jnp.where(judged_bg, verdict.overlap_bg, 0.0), axis=1),
+      overlap_count=s['overlap_count'] + jnp.sum(judged_bg, axis=1),
+      emitted=s['emitted'] + jnp.sum(write_bk & sampled_bk, axis=1),
+  )
+
+
+def speculative_step(spec: LoopSpec, state: SpeculativeLoopState) -> SpeculativeLoopState:
+  """One round of Algorithm 1: draft, verify, accept, commit."""
+  if spec.fast_greedy:
+    rng = draft_rng = accept_rng = None
+  else:
+    rng, draft_rng, accept_rng = jax.random.split(state.rng, 3)
+  drafts = draft_phase(spec, state, draft_rng)
+  logits_bkv, target_cache = verify_phase(spec, state, drafts)
+  verdict, logp_bkv = accept_phase(spec, state, drafts, logits_bkv, accept_rng)
+  return commit_phase(spec, state, drafts, verdict, logits_bkv, logp_bkv, target_cache,
+                      state.rng if rng is None else rng)
 
 
 def _check_cache_length(cache, length: int, cache_offset: int, name: str) -> None:
@@ -342,6 +666,14 @@ def _logits_shape(tokens_to_logits, cache, sequences_shape, k, name):
   return logits.shape
 
 
+def _zero_stats(rows: int, gamma: int) -> Dict[str, jax.Array]:
+  zeros_b = jnp.zeros((rows,), jnp.int32)
+  return dict(target_calls=zeros_b, drafted=zeros_b, judged=zeros_b, accepted=zeros_b,
+              accepted_at=jnp.zeros((rows, gamma), jnp.int32),
+              overlap_sum=jnp.zeros((rows,), jnp.float32), overlap_count=zeros_b,
+              emitted=zeros_b)
+
+
 def speculative_sample(
     inputs: jax.Array,
     cache: Mapping[str, jax.Array],
@@ -361,6 +693,7 @@ def speculative_sample(
     max_decode_steps_hard_limit: Optional[int] = None,
     rescale_log_probs: bool = True,
     lenience: float = 1.0,
+    draft_confidence: float = 0.0,
     return_stats: bool = False,
 ):
   """Speculative sampling: the target's output distribution, fewer target calls.
@@ -368,32 +701,39 @@ def speculative_sample(
   Each loop iteration drafts γ tokens with the drafter, scores all γ+1
   positions with ONE multi-token target call, keeps the leading drafts that
   pass Algorithm 1's test (per row), and samples one more token from the
-  residual or, when all γ were kept, from p_{γ+1}. Greedy outputs equal
+  residual or, when all drafts were kept, from p_{n+1}. Greedy outputs equal
   `temperature_sample`'s token for token; sampled outputs have its
   distribution exactly (lenience = 1).
 
   Arguments are `temperature_sample`'s, plus:
     draft_cache, draft_tokens_to_logits: the drafter's; both models follow the
       multi-token contract (module docstring) and share one vocabulary.
-    gamma: drafts per iteration (γ >= 1).
+    gamma: drafts per iteration (γ >= 1), the most with adaptive drafting.
     draft_cache_offset: batch axis of the drafter's cache (default
       `cache_offset`).
     lenience: l in (0, 1]. 1 is exact; l < 1 is the paper's approximate
       variant (Appendix A.5) and no longer preserves the distribution.
+    draft_confidence: in [0, 1). Adaptive drafting (beyond the paper): a row
+      stops drafting in a round after a draft the drafter gave probability
+      below this (its top probability when greedy). Exact for any value;
+      0 drafts γ tokens every round.
     return_stats: also return per-row statistics.
 
   Returns:
     (decodes [B, nd, L], log_prob [B, nd]) sorted by log_prob ascending; with
     `return_stats=True` also a dict of [B, nd] arrays (same order):
-    `target_calls` (iterations the row took part in), `drafted` (γ per
-    iteration, within the row's length budget), `judged` (drafts actually
-    compared: up to and including the first rejection), `accepted`,
-    `accepted_at` [B, nd, γ] (how often draft position j was kept),
-    `overlap_sum` / `overlap_count` (Σ over verified positions of
-    Σ_x min(p, q), the paper's α estimator), `emitted` (tokens produced).
+    `target_calls` (iterations the row took part in), `drafted` (real drafts
+    within the row's length budget), `judged` (drafts actually compared: up
+    to and including the first rejection), `accepted`, `accepted_at`
+    [B, nd, γ] (how often draft position j was kept), `overlap_sum` /
+    `overlap_count` (Σ over verified positions of Σ_x min(p, q), the paper's
+    α estimator), `emitted` (tokens produced).
   """
   if isinstance(gamma, bool) or not isinstance(gamma, (int, np.integer)) or gamma < 1:
     raise ValueError(f'gamma must be an int >= 1, got {gamma!r}.')
+  if (isinstance(draft_confidence, bool) or not isinstance(draft_confidence, (int, float))
+      or not 0.0 <= draft_confidence < 1.0):
+    raise ValueError(f'draft_confidence must be a float in [0, 1), got {draft_confidence!r}.')
   _validate_common(inputs, eos_id, num_decodes, temperature, topk, topp,
                    max_decode_steps, lenience)
   if draft_cache_offset is None:
@@ -423,158 +763,30 @@ def speculative_sample(
   cache = expand_cache(cache, num_decodes, cache_offset)
   draft_cache = expand_cache(draft_cache, num_decodes, draft_cache_offset)
   rows = inputs.shape[0]
-  max_len_b = _max_decode_len(inputs, max_decode_steps)
-  greedy = sampling.is_greedy(temperature)
-  # Known-greedy exact decoding: drafts and verdicts by argmax, q never needed.
-  fast_greedy = sampling.static_greedy(temperature) is True and lenience == 1.0
-  adjust = functools.partial(sampling.adjusted_log_probs,
-                             temperature=temperature, topk=topk, topp=topp)
-  row_ids = jnp.arange(rows)[:, None]
-  steps_g = jnp.arange(gamma)
-  steps_g1 = jnp.arange(gamma + 1)
-
   sequences0 = jnp.pad(inputs, ((0, 0), (0, gamma + 2))).at[:, 0].set(0)
-  # Prompt tokens (non-zero inputs past BOS) are given, never sampled.
-  forced0 = (sequences0 != 0).at[:, 0].set(False)
-
-  def draft(state):
-    """γ drafter steps: drafts [B, γ] and the log q they came from [B, γ, V]."""
-    i_b = state.cur_index
-    rng, draft_rng = jax.random.split(state.rng)
-    draft_rngs = jax.random.split(draft_rng, gamma)
-    # First call: positions i-1 and i. After an iteration that kept every
-    # draft the drafter has not yet seen x_γ (at i-1) nor the bonus token (at
-    # i); otherwise this rewrites i-1 and overwrites stale entries at i.
-    # At i = 0 the window is [BOS, garbage] at [0, 1] and we read position 0.
-    start_b = jnp.maximum(i_b - 1, 0)
-    window_b2 = jnp.take_along_axis(state.sequences,
-                                    start_b[:, None] + jnp.arange(2), axis=1)
-    logits_b2v, draft_cache = draft_tokens_to_logits(DecodingState(
-        cur_index=start_b, sequences=state.sequences, cur_token=window_b2,
-        cache=state.draft_cache))
-    draft_cache = _freeze_like(draft_cache, state.draft_cache)
-    logits_bv = jnp.take_along_axis(
-        logits_b2v, (i_b - start_b)[:, None, None], axis=1)[:, 0]
-
-    def draft_one(j, logits_bv):
-      """Samples the draft for position i+1+j (or takes the forced token)."""
-      logq_bv = adjust(logits_bv)
-      pos_b = i_b + 1 + j
-      forced_token_b = state.sequences[jnp.arange(rows), pos_b]
-      token_b = jnp.where(forced0[jnp.arange(rows), pos_b], forced_token_b,
-                          sampling.sample(draft_rngs[j], logq_bv, greedy=fast_greedy))
-      return token_b, (None if fast_greedy else logq_bv)
-
-    token_b, logq_bv = draft_one(0, logits_bv)
-
-    def scan_fn(carry, j):
-      token_b, cache = carry
-      logits_b1v, new_cache = draft_tokens_to_logits(DecodingState(
-          cur_index=i_b + j, sequences=state.sequences,
-          cur_token=token_b[:, None], cache=cache))
-      new_cache = _freeze_like(new_cache, cache)
-      next_token_b, logq_bv = draft_one(j, logits_b1v[:, 0])
-      return (next_token_b, new_cache), (next_token_b, logq_bv)
-
-    (_, draft_cache), (rest_gb, rest_logq_gbv) = lax.scan(
-        scan_fn, (token_b, draft_cache), jnp.arange(1, gamma))
-    drafts_bg = jnp.concatenate([token_b[:, None], rest_gb.T], axis=1)
-    logq_bgv = None if fast_greedy else jnp.concatenate(
-        [logq_bv[:, None], jnp.swapaxes(rest_logq_gbv, 0, 1)], axis=1)
-    return rng, drafts_bg, logq_bgv, draft_cache
-
-  def body_fn(state: SpeculativeLoopState) -> SpeculativeLoopState:
-    i_b = state.cur_index
-    rng, drafts_bg, logq_bgv, draft_cache = draft(state)
-
-    # Verify: one target call on [x_i, x_1..x_γ] at positions i..i+γ.
-    cur_token_b = jnp.take_along_axis(state.sequences, i_b[:, None], axis=1)
-    logits_bkv, target_cache = tokens_to_logits(DecodingState(
-        cur_index=i_b, sequences=state.sequences,
-        cur_token=jnp.concatenate([cur_token_b, drafts_bg], axis=1),
-        cache=state.target_cache))
-    target_cache = _freeze_like(target_cache, state.target_cache)
-    logp_bkv = adjust(logits_bkv)
-
-    rng, verify_rng = jax.random.split(rng)
-    pos_bk = i_b[:, None] + 1 + steps_g1  # positions of the γ+1 candidates
-    forced_bk = forced0[row_ids, pos_bk]
-    verdict = sampling.verify(
-        verify_rng, drafts_bg, logq_bgv, logp_bkv, lenience=lenience,
-        forced_bg=forced_bk[:, :gamma], greedy=True if fast_greedy else greedy,
-        target_logits_bgv=logits_bkv)
-    n_b = verdict.num_accepted_b
-
-    # Candidates: the n kept drafts, then the residual/bonus token.
-    next_b = jnp.where(forced_bk[jnp.arange(rows), n_b],
-                       state.sequences[jnp.arange(rows), i_b + 1 + n_b],
-                       verdict.next_token_b)
-    cand_bk = jnp.where(steps_g1 < n_b[:, None],
-                        jnp.pad(drafts_bg, ((0, 0), (0, 1))), next_b[:, None])
-    active_b = ~state.ended
-    sampled_bk = ~forced_bk
-    in_budget_bk = (steps_g1 <= n_b[:, None]) & (pos_bk <= max_len_b[:, None])
-    is_eos_bk = in_budget_bk & sampled_bk & (cand_bk == eos_id)
-    # Keep candidates up to and including the first generated EOS.
-    before_eos_bk = (jnp.cumsum(is_eos_bk, axis=1) - is_eos_bk) == 0
-    write_bk = in_budget_bk & before_eos_bk & active_b[:, None]
-
-    sequences = state.sequences.at[row_ids, pos_bk].set(
-        jnp.where(write_bk, cand_bk, state.sequences[row_ids, pos_bk]))
-    generated = state.generated.at[row_ids, pos_bk].set(
-        state.generated[row_ids, pos_bk] | (write_bk & sampled_bk))
-    cand_logp_bk = sampling.token_log_prob(
-        logp_bkv if rescale_log_probs
-        else jax.nn.log_softmax(logits_bkv.astype(jnp.float32)), cand_bk)
-    log_prob = state.log_prob + jnp.sum(
-        jnp.where(write_bk & sampled_bk, cand_logp_bk, 0.0), axis=1)
-
-    emitted_b = jnp.sum(write_bk, axis=1)
-    hit_eos_b = jnp.any(is_eos_bk & write_bk, axis=1)
-    new_i_b = jnp.where(active_b, jnp.minimum(i_b + n_b + 1, max_len_b), i_b)
-    ended = state.ended | hit_eos_b | (new_i_b >= max_len_b)
-
-    # Statistics over the sampled (not forced) drafts that were compared: up
-    # to and including the first rejection, within the row's budget, and not
-    # after a generated EOS.
-    judged_bg = (sampled_bk & (pos_bk <= max_len_b[:, None]) & before_eos_bk
-                 & active_b[:, None])[:, :gamma] & (steps_g <= n_b[:, None])
-    kept_bg = judged_bg & verdict.accepted_bg
-    s = state.stats
-    stats = dict(
-        target_calls=s['target_calls'] + active_b,
-        drafted=s['drafted'] + jnp.sum(
-            (sampled_bk & (pos_bk <= max_len_b[:, None]))[:, :gamma]
-            & active_b[:, None], axis=1),
-        judged=s['judged'] + jnp.sum(judged_bg, axis=1),
-        accepted=s['accepted'] + jnp.sum(kept_bg, axis=1),
-        accepted_at=s['accepted_at'] + kept_bg,
-        overlap_sum=s['overlap_sum'] + jnp.sum(
-            jnp.where(judged_bg, verdict.overlap_bg, 0.0), axis=1),
-        overlap_count=s['overlap_count'] + jnp.sum(judged_bg, axis=1),
-        emitted=s['emitted'] + jnp.sum(write_bk & sampled_bk, axis=1),
-    )
-    return SpeculativeLoopState(
-        cur_index=new_i_b, sequences=sequences, target_cache=target_cache,
-        draft_cache=draft_cache, ended=ended, generated=generated, rng=rng,
-        log_prob=log_prob, stats=stats)
-
-  zeros_b = jnp.zeros((rows,), jnp.int32)
+  spec = LoopSpec(
+      gamma=int(gamma), eos_id=int(eos_id), tokens_to_logits=tokens_to_logits,
+      draft_tokens_to_logits=draft_tokens_to_logits,
+      # Prompt tokens (non-zero inputs past BOS) are given, never sampled.
+      forced_bl=(sequences0 != 0).at[:, 0].set(False),
+      max_len_b=_max_decode_len(inputs, max_decode_steps),
+      temperature=temperature, topk=topk, topp=topp,
+      fast_greedy=sampling.static_greedy(temperature) is True and lenience == 1.0,
+      lenience=lenience, rescale_log_probs=rescale_log_probs,
+      draft_confidence=float(draft_confidence), return_stats=return_stats)
   state0 = SpeculativeLoopState(
-      cur_index=zeros_b, sequences=sequences0, target_cache=cache,
-      draft_cache=draft_cache, ended=max_len_b <= 0,
-      generated=jnp.zeros_like(sequences0, dtype=bool), rng=decode_rng,
-      log_prob=jnp.zeros((rows,), jnp.float32),
-      stats=dict(target_calls=zeros_b, drafted=zeros_b, judged=zeros_b,
-                 accepted=zeros_b,
-                 accepted_at=jnp.zeros((rows, gamma), jnp.int32),
-                 overlap_sum=jnp.zeros((rows,), jnp.float32),
-                 overlap_count=zeros_b, emitted=zeros_b))
-  final = lax.while_loop(lambda s: ~jnp.all(s.ended), body_fn, state0)
+      cur_index=jnp.zeros((rows,), jnp.int32), sequences=sequences0, target_cache=cache,
+      draft_cache=draft_cache, draft_lag=jnp.zeros((rows,), bool),
+      ended=spec.max_len_b <= 0, generated=jnp.zeros_like(sequences0, dtype=bool),
+      rng=decode_rng, log_prob=jnp.zeros((rows,), jnp.float32),
+      stats=_zero_stats(rows, gamma) if return_stats else {})
+  final = lax.while_loop(lambda s: ~jnp.all(s.ended),
+                         functools.partial(speculative_step, spec), state0)
   decodes = _zero_after_eos(final.sequences, final.generated,
                             eos_id)[:, 1:length + 1]
   decodes, log_prob, stats = _sort_by_log_prob(
-      batch_size, num_decodes, decodes, final.log_prob, final.stats)
+      batch_size, num_decodes, decodes, final.log_prob,
+      final.stats if return_stats else None)
   if return_stats:
     return decodes, log_prob, stats
   return decodes, log_prob

@@ -136,12 +136,13 @@ def local_output_dir(output_dir: str):
 
 @dataclasses.dataclass(frozen=True)
 class Row:
-  """One benchmark row of a table: task, drafter checkpoint, temperature, γ."""
+  """One benchmark row of a table: task, drafter checkpoint, temperature, γ (and adaptive drafting)."""
   task: str
   drafter: str
   temperature: float
   gamma: int
   drafter_checkpoint: str = ''
+  draft_confidence: float = 0.0
 
 
 def _decode_split(model, params, task_name, split, lengths, setting, output_dir, max_examples, log_every=8,
@@ -154,7 +155,7 @@ def _decode_split(model, params, task_name, split, lengths, setting, output_dir,
   speculative = model.drafter_module is not None
   decoder_params = setting.decoder_params()
   if speculative:
-    decoder_params.update(gamma=setting.gamma, return_stats=True)
+    decoder_params = setting.speculative_params()
   if mesh is None:
     predict = model.compile_predict(decoder_params)
   else:
@@ -215,6 +216,7 @@ def run(output_dir: str = gin.REQUIRED,
         temperature: float = 0.0,
         topk: int = 0,
         topp: float = 0.0,
+        draft_confidence: float = 0.0,
         batch_size: int = 1,
         repeats: int = 3,
         max_examples: Optional[int] = None,
@@ -236,6 +238,8 @@ def run(output_dir: str = gin.REQUIRED,
     target_config, drafter_config: network configs for formats that carry none (T5X, Orbax).
     drafter_name: the drafter's label in tables (default: its directory name).
     gamma, temperature, topk, topp: decoding (topk 0 = no top-k; T5X's default 1 would be argmax).
+    draft_confidence: adaptive drafting, in [0, 1): a row stops drafting in a round after a draft the drafter
+      gave less probability than this (0: γ drafts every round). Exact either way.
     batch_size, repeats, seed, length_buckets: see `benchmark.Setting`.
     max_examples: the first N examples of the split (None: all).
     rows, table_name: mode 'table'.
@@ -252,13 +256,13 @@ def run(output_dir: str = gin.REQUIRED,
     raise ValueError(f"feature_lengths needs 'inputs' and 'targets', got {sorted(lengths)}.")
   setting = benchmark.Setting(gamma=gamma, temperature=temperature, topk=topk, topp=topp,
                               batch_size=batch_size, repeats=repeats, seed=seed,
-                              length_buckets=length_buckets)
+                              length_buckets=length_buckets, draft_confidence=draft_confidence)
   setting.validate()  # bad γ / temperature / top-k with top-p fail before any loading
   if mode == 'table' and not rows:
     raise ValueError("mode='table' needs rows (a list of main.Row or of dicts with its fields).")
   rows = [r if isinstance(r, Row) else Row(**r) for r in rows]
   for r in rows:
-    benchmark.Setting(gamma=r.gamma, temperature=r.temperature).validate()
+    benchmark.Setting(gamma=r.gamma, temperature=r.temperature, draft_confidence=r.draft_confidence).validate()
   if mode in ('benchmark',) and not drafter_checkpoint:
     raise ValueError('The benchmark needs a drafter: set DRAFTER_CHECKPOINT.')
   # Model-parallel over `num_partitions` devices, data-parallel over the rest (T5X's rules); None: one device.
@@ -281,12 +285,14 @@ def _execute(output_dir, mode, task, split, lengths, setting, target_checkpoint,
   if mode == 'table':
     summaries = []
     for row in rows:
-      name = f'{row.task}_{row.drafter}_t{row.temperature:g}_g{row.gamma}'
+      name = (f'{row.task}_{row.drafter}_t{row.temperature:g}_g{row.gamma}'
+              + (f'_conf{row.draft_confidence:g}' if row.draft_confidence else ''))
       # Without a checkpoint, a row's drafter is a sibling of the target (the shipped family's layout).
       drafter_dir = row.drafter_checkpoint or os.path.join(os.path.dirname(os.path.normpath(target_checkpoint)),
                                                            row.drafter)
       drafter_module, drafter_params = load_network(drafter_dir, drafter_config, dtype, mesh)
-      row_setting = dataclasses.replace(setting, gamma=row.gamma, temperature=row.temperature)
+      row_setting = dataclasses.replace(setting, gamma=row.gamma, temperature=row.temperature,
+                                        draft_confidence=row.draft_confidence)
       summaries.append(benchmark.run(
           target_module, target_params, drafter_module, drafter_params, row.task, split, lengths,
           row_setting, os.path.join(output_dir, name), max_examples, drafter_name=row.drafter, mesh=mesh))

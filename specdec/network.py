@@ -221,6 +221,27 @@ def _relative_position_bucket_table(bidirectional: bool, num_buckets: int,
 # -----------------------------------------------------------------------------
 
 
+# Up to this many rows, `x @ kernel` with a large kernel runs as one matrix-vector
+# product per row. On CPU, XLA's gemm for a handful of rows (a γ+1-token verify
+# call at batch 1) costs 2-3x its matrix-vector product although it reads the
+# same weights; per-row products read each kernel once from memory and then from
+# cache (scripts/profile_decode.py; results/profile/). They also make a k-token
+# call's projections bitwise equal to k one-token calls'. Small kernels (and
+# more rows) keep one dot: there the extra kernels only cost compile time.
+ROWWISE_MAX_ROWS = 8
+ROWWISE_MIN_KERNEL_SIZE = 1 << 16
+
+
+def _project(x_xe: Array, kernel_en: Array) -> Array:
+  """x [..., E] @ kernel [E, N] -> [..., N]."""
+  rows = math.prod(x_xe.shape[:-1])
+  if rows <= 1 or rows > ROWWISE_MAX_ROWS or kernel_en.size < ROWWISE_MIN_KERNEL_SIZE:
+    return jnp.dot(x_xe, kernel_en)
+  x_re = x_xe.reshape(rows, x_xe.shape[-1])
+  y_rn = jnp.concatenate([x_re[r:r + 1] @ kernel_en for r in range(rows)], axis=0)
+  return y_rn.reshape(x_xe.shape[:-1] + (kernel_en.shape[-1],))
+
+
 class DenseGeneral(nn.Module):
   """Bias-free linear map of the last `num_input_axes` axes to `features`.
 
@@ -243,7 +264,7 @@ class DenseGeneral(nn.Module):
         nn.with_logical_partitioning(self.kernel_init, self.kernel_axes),
         (math.prod(input_shape), math.prod(self.features)), jnp.float32)
     x = jnp.reshape(x.astype(self.dtype), batch_shape + (-1,))
-    y = jnp.dot(x, kernel.astype(self.dtype))
+    y = _project(x, kernel.astype(self.dtype))
     return jnp.reshape(y, batch_shape + tuple(self.features))
 
 
@@ -284,7 +305,7 @@ class Embed(nn.Module):
 
   def attend(self, x: Array) -> Array:
     """[..., E] -> [..., V] float32: dot products with every embedding."""
-    return jnp.dot(x.astype(jnp.float32), self.embedding.T)
+    return _project(x.astype(jnp.float32), self.embedding.T)
 
 
 class RelativePositionBias(nn.Module):

@@ -12,7 +12,7 @@ of Algorithm 1: a draft is kept iff it equals argmax p, and on rejection the
 residual norm(max(0, p - q)) is the one-hot of argmax p.
 """
 
-from typing import NamedTuple, Union
+from typing import NamedTuple, Tuple, Union
 
 import jax
 import jax.numpy as jnp
@@ -186,24 +186,41 @@ class Verdict(NamedTuple):
   overlap_bg: jax.Array
 
 
-def verify_greedy(drafts_bg: jax.Array, target_logp_bgv: jax.Array,
-                  forced_bg: jax.Array | None = None) -> Verdict:
+def _leading_kept(keep_bg: jax.Array, forced_bg: jax.Array | None,
+                  num_drafted_b: jax.Array | None) -> Tuple[jax.Array, jax.Array]:
+  """(accepted_bg, n_b): the leading run of kept drafts, given drafts always
+  kept, and nothing past the `num_drafted_b` real drafts of a row."""
+  if forced_bg is not None:
+    keep_bg = keep_bg | forced_bg
+  if num_drafted_b is not None:
+    keep_bg = keep_bg & (jnp.arange(keep_bg.shape[1]) < num_drafted_b[:, None])
+  accepted_bg = jnp.cumprod(keep_bg.astype(jnp.int32), axis=1).astype(bool)
+  return accepted_bg, jnp.sum(accepted_bg, axis=1).astype(jnp.int32)
+
+
+def verify_greedy(drafts_bg: jax.Array, target_logits_bgv: jax.Array,
+                  forced_bg: jax.Array | None = None,
+                  num_drafted_b: jax.Array | None = None) -> Verdict:
   """`verify` when p and q are argmax one-hots (temperature 0), lenience 1.
 
   The general rule reduces to: keep x_j iff x_j = argmax p_j; the residual
-  norm(max(0, p - q)) at a rejection and the bonus p_{γ+1} are both the
+  norm(max(0, p - q)) at a rejection and the bonus p_{n+1} are both the
   one-hot of argmax p; Σ min(p, q) is 1 iff the draft (= argmax q, for a
-  sampled draft) equals argmax p. Same Verdict as `verify`, without drawing
-  random numbers or touching q.
+  sampled draft) equals argmax p. Same Verdict as `verify`, from the raw
+  target logits (or their adjusted log-probs: the argmax is the same),
+  without normalising, drawing random numbers or touching q.
+
+  Args:
+    drafts_bg: [B, γ] drafts.
+    target_logits_bgv: [B, γ+1, V] target logits of the γ+1 positions.
+    forced_bg: [B, γ] given (prompt) tokens, always kept.
+    num_drafted_b: [B] real drafts per row (adaptive drafting); default γ.
   """
   gamma = drafts_bg.shape[1]
-  target_argmax_bk = jnp.argmax(target_logp_bgv, axis=-1).astype(jnp.int32)
+  target_argmax_bk = jnp.argmax(target_logits_bgv, axis=-1).astype(jnp.int32)
   keep_bg = drafts_bg == target_argmax_bk[:, :gamma]
   overlap_bg = keep_bg.astype(jnp.float32)
-  if forced_bg is not None:
-    keep_bg = keep_bg | forced_bg
-  accepted_bg = jnp.cumprod(keep_bg.astype(jnp.int32), axis=1).astype(bool)
-  num_accepted_b = jnp.sum(accepted_bg, axis=1).astype(jnp.int32)
+  accepted_bg, num_accepted_b = _leading_kept(keep_bg, forced_bg, num_drafted_b)
   next_token_b = jnp.take_along_axis(target_argmax_bk, num_accepted_b[:, None], axis=1)[:, 0]
   return Verdict(num_accepted_b, next_token_b, accepted_bg, overlap_bg)
 
@@ -216,7 +233,8 @@ def verify(rng: jax.Array,
            lenience: float = 1.0,
            forced_bg: jax.Array | None = None,
            greedy: jax.Array | bool = False,
-           target_logits_bgv: jax.Array | None = None) -> Verdict:
+           target_logits_bgv: jax.Array | None = None,
+           num_drafted_b: jax.Array | None = None) -> Verdict:
   """Algorithm 1 steps 3-5, vectorised over the batch and γ.
 
   Args:
@@ -234,6 +252,9 @@ def verify(rng: jax.Array,
       lenience 1 takes `verify_greedy` (no random numbers, q not needed);
       a traced value is only used with lenience < 1.
     target_logits_bgv: raw target logits, needed for lenient argmax.
+    num_drafted_b: [B] real drafts per row (adaptive drafting stops early);
+      default γ. Drafts past it are never kept, and a row that keeps all of
+      its n real drafts takes its next token from p_{n+1} (no residual).
 
   Returns:
     A Verdict.
@@ -243,7 +264,7 @@ def verify(rng: jax.Array,
     raise ValueError(f'target_logp_bgv must hold γ+1 = {gamma + 1} positions, '
                      f'got {target_logp_bgv.shape[1]}.')
   if greedy is True and lenience == 1.0:
-    return verify_greedy(drafts_bg, target_logp_bgv, forced_bg)
+    return verify_greedy(drafts_bg, target_logp_bgv, forced_bg, num_drafted_b)
   if draft_logq_bgv is None:
     raise ValueError('draft_logq_bgv is needed unless greedy is True and lenience == 1.')
   u_rng, sample_rng = jax.random.split(rng)
@@ -261,17 +282,16 @@ def verify(rng: jax.Array,
     lenient_argmax_bg = (token_log_prob(raw_logp_bgv, drafts_bg)
                          >= jnp.max(raw_logp_bgv, axis=-1) + np.log(lenience))
     keep_bg = keep_bg | (jnp.asarray(greedy) & lenient_argmax_bg)
-  if forced_bg is not None:
-    keep_bg = keep_bg | forced_bg
-  accepted_bg = jnp.cumprod(keep_bg.astype(jnp.int32), axis=1).astype(bool)
-  num_accepted_b = jnp.sum(accepted_bg, axis=1).astype(jnp.int32)
+  accepted_bg, num_accepted_b = _leading_kept(keep_bg, forced_bg, num_drafted_b)
 
   # The distribution of the token after the kept drafts.
   at_n_b11 = num_accepted_b[:, None, None]
   logp_next_bv = jnp.take_along_axis(target_logp_bgv, at_n_b11, axis=1)[:, 0]
   logq_next_bv = jnp.take_along_axis(
       draft_logq_bgv, jnp.minimum(at_n_b11, gamma - 1), axis=1)[:, 0]
-  all_kept_b1 = (num_accepted_b == gamma)[:, None]
+  num_drafted_b1 = (jnp.full_like(num_accepted_b, gamma) if num_drafted_b is None
+                    else num_drafted_b)[:, None]
+  all_kept_b1 = num_accepted_b[:, None] >= num_drafted_b1
   next_logp_bv = jnp.where(all_kept_b1, logp_next_bv,
                            residual_log_probs(logp_next_bv, logq_next_bv))
   next_token_b = sample(sample_rng, next_logp_bv)

@@ -46,9 +46,9 @@ def table2_markdown(summaries: Sequence[Mapping[str, Any]], title: str = 'Table 
   lines = [
       f'## {title}', '',
       '| task | drafter | temp | γ | α (kept/judged) | α (Σmin) | tokens/call | c | verify/1-token | '
-      'predicted Thm 3.8 | predicted (costs) | **measured speedup** | α needed for 1.5× / 2× | identical | '
-      'examples | paper drafter: γ, α, speedup |',
-      '|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|',
+      'c in loop | a in loop | predicted Thm 3.8 | predicted (costs) | predicted (in loop) | '
+      '**measured speedup** | α needed for 1.5× / 2× | identical | examples | paper drafter: γ, α, speedup |',
+      '|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|',
   ]
   for s in summaries:
     temp = s['setting']['temperature']
@@ -63,12 +63,20 @@ def table2_markdown(summaries: Sequence[Mapping[str, Any]], title: str = 'Table 
     lines.append(
         f"| {TASK_LABEL.get(s['task'], s['task'])} | {s['drafter']} | {temp:g} | {s['setting']['gamma']} | "
         f"{s['alpha_accept']:.2f} | {s['alpha_overlap']:.2f} | {s['tokens_per_target_call']:.2f} | "
-        f"{s['costs']['c']:.3f} | {s['costs']['verify_cost_ratio']:.2f} | {s['predicted_speedup_thm38']:.2f}× | "
-        f"{s['predicted_speedup_costs']:.2f}× | **{s['speedup']:.2f}×** | {needed} | {identical} | "
+        f"{s['costs']['c']:.3f} | {s['costs']['verify_cost_ratio']:.2f} | "
+        f"{fmt((s.get('in_loop') or {}).get('c_in_loop'), '.3f')} | "
+        f"{fmt((s.get('in_loop') or {}).get('round_fixed_in_loop'))} | {s['predicted_speedup_thm38']:.2f}× | "
+        f"{s['predicted_speedup_costs']:.2f}× | {fmt(s.get('predicted_speedup_in_loop'), '.2f')}"
+        f"{'×' if s.get('predicted_speedup_in_loop') is not None else ''} | "
+        f"**{s['speedup']:.2f}×** | {needed} | {identical} | "
         f"{s['examples']} | "
         f'{paper_text} |')
   if summaries:
     s = summaries[0]
+    lines += ['', '"c in loop" and "a in loop": one draft step, and the round less its drafting (verify, accept, '
+              'commit), timed inside the compiled loop in baseline-round units, beside the isolated c and '
+              'verify/1-token; "predicted (in loop)" is the speedup those in-loop costs predict, so a slow row '
+              'shows whether α or the loop is at fault (`profiling.in_loop_costs`).']
     lines += ['', f"Machine: {s['machine']['processor']}, {s['machine']['cpu_count']} CPUs, jax "
               f"{s['machine']['jax']} ({s['machine']['backend']}); {s['date']}; batch "
               f"{s['setting']['batch_size']}, {s['setting']['repeats']} timed repeats per example (median)."]

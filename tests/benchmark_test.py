@@ -111,39 +111,6 @@ def test_num_tokens_other_eos_id():
 
 
 # -----------------------------------------------------------------------------
-# Call costs
-# -----------------------------------------------------------------------------
-
-
-def test_time_decode_calls_is_positive_and_finite(tiny):
-  module, params = tiny
-  enc = np.random.RandomState(0).randint(2, 100, (1, 8)).astype(np.int32)
-  for k in (1, 3):
-    t = benchmark.time_decode_calls(module, params, enc, max_decode_length=8, num_new_tokens=k,
-                                    num_calls=3, repeats=2)
-    assert isinstance(t, float) and math.isfinite(t) and t > 0
-
-
-def test_measure_costs_ratios(monkeypatch):
-  calls = []
-  fake_times = {('target', 1): 0.010, ('target', 5): 0.013, ('drafter', 1): 0.002}
-
-  def fake_time(module, params, enc, max_decode_length, num_new_tokens, **kwargs):
-    del params, enc, kwargs
-    calls.append((module, num_new_tokens, max_decode_length))
-    return fake_times[(module, num_new_tokens)]
-
-  monkeypatch.setattr(benchmark, 'time_decode_calls', fake_time)
-  costs = benchmark.measure_costs('target', 'tp', 'drafter', 'dp', np.zeros((1, 8), np.int32), 12, gamma=4)
-  assert sorted(calls) == sorted([('target', 1, 12), ('target', 5, 12), ('drafter', 1, 12)])
-  assert costs['target_call_s'] == 0.010
-  assert costs['verify_call_s'] == 0.013
-  assert costs['draft_call_s'] == 0.002
-  assert costs['c'] == pytest.approx(0.2)
-  assert costs['verify_cost_ratio'] == pytest.approx(1.3)
-
-
-# -----------------------------------------------------------------------------
 # divergence_margin
 # -----------------------------------------------------------------------------
 
@@ -386,18 +353,20 @@ def copy_drafter(tiny):
   return network.Transformer(module.config), jax.tree_util.tree_map(jnp.array, params)
 
 
-def _run(tiny, drafter, output_dir, max_examples, setting=SETTING):
+def _run(tiny, drafter, output_dir, max_examples, setting=SETTING, measure_in_loop=False):
   module, params = tiny
   drafter_module, drafter_params = drafter
   return benchmark.run(module, params, drafter_module, drafter_params, tasks.ENDE_LOCAL_TASK, 'test',
-                       LENGTHS, setting, str(output_dir), max_examples=max_examples, drafter_name='copy')
+                       LENGTHS, setting, str(output_dir), max_examples=max_examples, drafter_name='copy',
+                       measure_in_loop=measure_in_loop)
 
 
 @pytest.fixture(scope='module')
 def first_run(tiny, copy_drafter, fixture_tasks, tmp_path_factory):
   del fixture_tasks
   out = tmp_path_factory.mktemp('run') / 'bench'
-  return _run(tiny, copy_drafter, out, max_examples=2), out
+  # The one run that also times the round inside the compiled loop (profiling_test covers the rest).
+  return _run(tiny, copy_drafter, out, max_examples=2, measure_in_loop=True), out
 
 
 def test_run_greedy_copy_drafter_is_exact_with_alpha_one(first_run):
@@ -407,6 +376,8 @@ def test_run_greedy_copy_drafter_is_exact_with_alpha_one(first_run):
   assert s['mismatches'] == []
   assert s['alpha_accept'] == 1.0
   assert s['accepted_per_drafted'] == 1.0
+  assert s['in_loop']['round_s'] > 0 and s['in_loop']['baseline_round_s'] > 0
+  assert s['predicted_speedup_in_loop'] > 0
   assert s['alpha_overlap'] == pytest.approx(1.0, abs=1e-5)  # Σ min(p, p) = 1 up to float rounding
   assert s['acceptance_per_position'] == [1.0, 1.0]
   assert s['baseline_tokens'] == s['speculative_tokens'] > 0

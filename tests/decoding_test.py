@@ -326,3 +326,162 @@ class TestBadInputs:
       decoding.temperature_sample(jnp.zeros((2, 8), jnp.int32),
                                   model.init_cache(2), model.tokens_to_logits,
                                   EOS, topk=3, topp=0.5)
+
+
+# -----------------------------------------------------------------------------
+# The phases of a speculative round, one by one.
+# -----------------------------------------------------------------------------
+
+
+class TestPhases:
+  """draft / verify / accept / commit on toy models whose logits depend on the whole cached prefix."""
+
+  GAMMA, LENGTH, VOCAB = 3, 12, 9
+
+  def _setup(self, prefix, lag=False, draft_confidence=0.0, temperature=0.0):
+    target = toy.ToyModel(60, vocab=self.VOCAB, cache_len=self.LENGTH)
+    drafter = toy.ToyModel(61, vocab=self.VOCAB, cache_len=self.LENGTH)
+    rows = 1
+    seq = np.zeros((rows, self.LENGTH + self.GAMMA + 2), np.int32)
+    seq[0, :len(prefix)] = prefix
+    i = len(prefix) - 1  # position of the last committed token
+    # The target has consumed positions < i; the drafter < i-1, and i-1 too unless it lags.
+    t_cache = target.init_cache(rows)
+    t_cache['tokens'] = t_cache['tokens'].at[0, :i].set(jnp.asarray(prefix[:i]))
+    d_cache = drafter.init_cache(rows)
+    d_seen = i - 1 if lag else i
+    d_cache['tokens'] = d_cache['tokens'].at[0, :d_seen].set(jnp.asarray(prefix[:d_seen]))
+    spec = decoding.LoopSpec(
+        gamma=self.GAMMA, eos_id=EOS, tokens_to_logits=target.tokens_to_logits,
+        draft_tokens_to_logits=drafter.tokens_to_logits, forced_bl=jnp.zeros(seq.shape, bool),
+        max_len_b=jnp.full((rows,), self.LENGTH, jnp.int32), temperature=temperature, topk=0,
+        fast_greedy=temperature == 0.0, draft_confidence=draft_confidence, return_stats=True)
+    state = decoding.SpeculativeLoopState(
+        cur_index=jnp.full((rows,), i, jnp.int32), sequences=jnp.asarray(seq), target_cache=t_cache,
+        draft_cache=d_cache, draft_lag=jnp.full((rows,), lag), ended=jnp.zeros((rows,), bool),
+        generated=jnp.zeros(seq.shape, bool), rng=jax.random.PRNGKey(0),
+        log_prob=jnp.zeros((rows,), jnp.float32), stats=decoding._zero_stats(rows, self.GAMMA))
+    return target, drafter, spec, state
+
+  @staticmethod
+  def _greedy_continuation(model, prefix, n):
+    out = list(prefix)
+    for _ in range(n):
+      out.append(int(np.argmax(model.prefix_logits(out))))
+    return out[len(prefix):]
+
+  @pytest.mark.parametrize('lag', [False, True])
+  def test_draft_phase_continues_the_committed_prefix(self, lag):
+    prefix = [0, 4, 7, 2, 5]
+    _, drafter, spec, state = self._setup(prefix, lag=lag)
+    drafts = decoding.draft_phase(spec, state, None)
+    expected = self._greedy_continuation(drafter, prefix, self.GAMMA)
+    np.testing.assert_array_equal(np.asarray(drafts.tokens_bg[0]), expected)
+    assert int(drafts.num_drafted_b[0]) == self.GAMMA
+    assert drafts.logq_bgv is None  # static greedy: q is never needed
+
+  def test_draft_phase_needs_the_catch_up_when_lagging(self):
+    # The test has power: a lagging drafter fed only position i drafts from a wrong prefix.
+    prefix = [0, 4, 7, 2, 5]
+    _, drafter, spec, state = self._setup(prefix, lag=True)
+    drafts = decoding.draft_phase(spec, state.replace(draft_lag=jnp.zeros((1,), bool)), None)
+    expected = self._greedy_continuation(drafter, prefix, self.GAMMA)
+    assert not np.array_equal(np.asarray(drafts.tokens_bg[0]), expected)
+
+  def test_verify_phase_scores_every_position(self):
+    prefix = [0, 3, 6, 2]
+    target, _, spec, state = self._setup(prefix)
+    drafts = decoding.Drafts(jnp.asarray([[5, 4, 8]]), None, jnp.asarray([3]), state.draft_cache)
+    logits_bkv, _ = decoding.verify_phase(spec, state, drafts)
+    assert logits_bkv.shape == (1, self.GAMMA + 1, self.VOCAB)
+    for j in range(self.GAMMA + 1):
+      np.testing.assert_allclose(np.asarray(logits_bkv[0, j]),
+                                 target.prefix_logits(prefix + [5, 4, 8][:j]), rtol=1e-6)
+
+  def test_verify_phase_is_only_as_wide_as_the_longest_draft(self):
+    prefix = [0, 3, 6, 2]
+    target, _, spec, state = self._setup(prefix, draft_confidence=0.5)
+    drafts = decoding.Drafts(jnp.asarray([[5, 4, 8]]), None, jnp.asarray([1]), state.draft_cache)
+    logits_bkv, cache = decoding.verify_phase(spec, state, drafts)
+    np.testing.assert_allclose(np.asarray(logits_bkv[0, 1]), target.prefix_logits(prefix + [5]), rtol=1e-6)
+    assert np.all(np.asarray(logits_bkv[0, 2:]) == 0)
+    # Two tokens written (positions 3 and 4), nothing past them.
+    np.testing.assert_array_equal(np.asarray(cache['tokens'][0, 3:6]), [2, 5, 0])
+
+  def test_accept_phase_keeps_the_leading_matches(self):
+    prefix = [0, 3, 6, 2]
+    target, _, spec, state = self._setup(prefix)
+    best = self._greedy_continuation(target, prefix, 3)
+    drafts = decoding.Drafts(jnp.asarray([[best[0], (best[1] + 1) % self.VOCAB, best[2]]]), None,
+                             jnp.asarray([3]), state.draft_cache)
+    logits_bkv, _ = decoding.verify_phase(spec, state, drafts)
+    verdict, logp = decoding.accept_phase(spec, state, drafts, logits_bkv, None)
+    assert logp is None
+    assert int(verdict.num_accepted_b[0]) == 1
+    assert int(verdict.next_token_b[0]) == best[1]
+
+  def test_commit_phase_writes_and_advances(self):
+    prefix = [0, 3, 6, 2]
+    _, _, spec, state = self._setup(prefix)
+    drafts = decoding.Drafts(jnp.asarray([[5, 4, 8]]), None, jnp.asarray([3]), state.draft_cache)
+    verdict = sampling.Verdict(jnp.asarray([2]), jnp.asarray([7]), jnp.asarray([[True, True, False]]),
+                               jnp.ones((1, 3)))
+    logits = jnp.zeros((1, self.GAMMA + 1, self.VOCAB))
+    new = decoding.commit_phase(spec, state, drafts, verdict, logits, None, state.target_cache, state.rng)
+    np.testing.assert_array_equal(np.asarray(new.sequences[0, :8]), [0, 3, 6, 2, 5, 4, 7, 0])
+    assert int(new.cur_index[0]) == 6
+    assert not bool(new.draft_lag[0])  # a draft was rejected: the drafter has seen position 5
+    np.testing.assert_array_equal(np.asarray(new.generated[0, :8]), [0, 0, 0, 0, 1, 1, 1, 0])
+    assert int(new.stats['accepted'][0]) == 2 and int(new.stats['judged'][0]) == 3
+    assert int(new.stats['emitted'][0]) == 3
+
+  def test_commit_phase_stops_at_eos_and_lags_after_full_acceptance(self):
+    prefix = [0, 3, 6, 2]
+    _, _, spec, state = self._setup(prefix)
+    drafts = decoding.Drafts(jnp.asarray([[5, EOS, 8]]), None, jnp.asarray([3]), state.draft_cache)
+    verdict = sampling.Verdict(jnp.asarray([3]), jnp.asarray([7]), jnp.ones((1, 3), bool), jnp.ones((1, 3)))
+    new = decoding.commit_phase(spec, state, drafts, verdict, jnp.zeros((1, 4, self.VOCAB)), None,
+                                state.target_cache, state.rng)
+    np.testing.assert_array_equal(np.asarray(new.sequences[0, :8]), [0, 3, 6, 2, 5, EOS, 0, 0])
+    assert bool(new.ended[0])
+    assert bool(new.draft_lag[0])
+
+
+class TestAdaptiveDrafting:
+  """draft_confidence > 0 stops a row's drafts early; outputs stay exact."""
+
+  @pytest.mark.parametrize('confidence', [0.2, 0.5, 0.95])
+  def test_greedy_identical(self, confidence):
+    target = toy.ToyModel(70, vocab=9, cache_len=14, eos_bias=0.5)
+    drafter = toy.ToyModel(71, vocab=9, cache_len=14, eos_bias=0.5)
+    drafter.table = 0.7 * target.table + 0.3 * drafter.table
+    inputs = _prompted_inputs(8, 14, seed=3)
+    base, _ = _baseline(target, inputs, temperature=0.0)
+    spec, _, stats = _speculative(target, drafter, inputs, 4, temperature=0.0,
+                                  draft_confidence=confidence, return_stats=True)
+    np.testing.assert_array_equal(np.asarray(spec), np.asarray(base))
+    assert np.all(np.asarray(stats['drafted']) <= 4 * np.asarray(stats['target_calls']))
+
+  def test_high_confidence_threshold_drafts_one_token_a_round(self):
+    target = toy.ToyModel(72, vocab=9, cache_len=12)
+    drafter = toy.ToyModel(73, vocab=9, cache_len=12, scale=0.1)  # near-uniform: never confident
+    inputs = jnp.zeros((4, 12), jnp.int32)
+    _, _, stats = _speculative(target, drafter, inputs, 4, temperature=1.0, topk=0,
+                               draft_confidence=0.9, return_stats=True,
+                               decode_rng=jax.random.PRNGKey(0))
+    np.testing.assert_array_equal(np.asarray(stats['drafted']), np.asarray(stats['target_calls']))
+
+  def test_sequence_distribution_is_the_targets(self):
+    t = TestSequenceDistribution()
+    target, drafter = t._models()
+    exact = toy.exact_distribution(target, t.LENGTH, EOS, 1.0, 0, 0.0)
+    samples = _sample_many(
+        lambda x, **kw: _speculative(target, drafter, x, 3, **kw), target, t.ROWS, t.LENGTH,
+        temperature=1.0, topk=0, draft_confidence=0.35, decode_rng=jax.random.PRNGKey(11))
+    assert toy.chi_square_pvalue(samples, exact) > 1e-3
+
+  @pytest.mark.parametrize('value', [-0.1, 1.0, 2, True])
+  def test_bad_confidence(self, value):
+    t = TestBadInputs()
+    with pytest.raises(ValueError, match='draft_confidence'):
+      t._call(draft_confidence=value)

@@ -18,6 +18,7 @@ import pytest
 from specdec import benchmark
 from specdec import checkpoints
 from specdec import main
+from specdec import profiling
 from specdec import network
 from specdec import ngram
 from specdec import tasks
@@ -28,6 +29,10 @@ VOCAB_SIZE = 8192
 NGRAM_VOCAB = 64
 COSTS = {'target_call_s': 0.010, 'verify_call_s': 0.012, 'draft_call_s': 0.002, 'c': 0.2,
          'verify_cost_ratio': 1.2}
+# In-loop costs (profiling.in_loop_costs is timed for real in profiling_test and benchmark_test).
+IN_LOOP = {'draft_s': 4e-4, 'verify_s': 1.5e-3, 'accept_s': 1e-5, 'commit_s': 1e-5, 'round_s': 2e-3,
+           'baseline_round_s': 1e-3, 'baseline_fixed_s': 2e-3, 'speculative_fixed_s': 3e-3,
+           'c_in_loop': 0.1, 'round_fixed_in_loop': 1.6, 'round_over_baseline': 2.0}
 
 
 def tiny_config(**overrides):
@@ -56,7 +61,8 @@ def _clean_state(monkeypatch):
   """Fresh gin config per test; the default task registration restored after; fixed call costs."""
   default_corpus = tasks.DEFAULT_CORPUS_DIR  # before any test patches it
   gin.clear_config()
-  monkeypatch.setattr(benchmark, 'measure_costs', lambda *args, **kwargs: dict(COSTS))
+  monkeypatch.setattr(profiling, 'measure_costs', lambda *args, **kwargs: dict(COSTS))
+  monkeypatch.setattr(profiling, 'in_loop_costs', lambda *args, **kwargs: dict(IN_LOOP))
   yield
   gin.clear_config()
   tasks.register_local_tasks(corpus_dir=default_corpus)

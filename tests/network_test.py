@@ -533,3 +533,44 @@ def test_bfloat16_activations(params, data):
     assert leaf.dtype == (jnp.bool_ if 'mask' in path else jnp.bfloat16)
   scale = float(jnp.abs(teacher).max())
   assert float(jnp.abs(logits - teacher).max()) < 0.05 * scale
+
+
+# -----------------------------------------------------------------------------
+# Row-wise projections (few rows, large kernels): the decode path's fast path.
+# -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize('rows, kernel_shape, rowwise', [
+    (1, (256, 256), False), (5, (256, 256), True), (8, (64, 1024), True), (9, (256, 256), False),
+    (5, (16, 64), False)])
+def test_project_rowwise_equals_dot(rows, kernel_shape, rowwise):
+  rng = np.random.RandomState(0)
+  x = jnp.asarray(rng.normal(size=(1, rows, kernel_shape[0])).astype(np.float32))
+  kernel = jnp.asarray(rng.normal(size=kernel_shape).astype(np.float32))
+  jaxpr = str(jax.make_jaxpr(network._project)(x, kernel))
+  assert (jaxpr.count('dot_general') == rows) == rowwise or (rows == 1 and jaxpr.count('dot_general') == 1)
+  np.testing.assert_allclose(np.asarray(network._project(x, kernel)), np.asarray(x @ kernel),
+                             rtol=1e-5, atol=1e-4)
+
+
+def test_k_token_call_matches_one_token_calls_tightly_with_rowwise_kernels():
+  # Kernels of >= ROWWISE_MIN_KERNEL_SIZE weights: every projection of a k-token call is the same
+  # matrix-vector product as a one-token call's; what differs (attention) stays within 2e-6.
+  config = network.T5Config(vocab_size=1024, emb_dim=64, num_heads=2, head_dim=32, num_encoder_layers=1,
+                            num_decoder_layers=1, mlp_dim=1024, dropout_rate=0.0, dtype=jnp.float32)
+  assert 64 * 1024 >= network.ROWWISE_MIN_KERNEL_SIZE
+  module = network.Transformer(config)
+  p = network.init_params(config, jax.random.PRNGKey(3))
+  enc = jnp.asarray(np.random.RandomState(1).randint(2, 1024, (1, 6)).astype(np.int32))
+  encoded = module.apply({'params': p}, enc, enable_dropout=False, method=module.encode)
+  _, v = module.apply({'params': p}, encoded, enc, 8, method=module.init_cache, mutable=['cache'])
+  tokens = jnp.asarray([[0, 5, 9, 11, 4]], jnp.int32)
+  step = jax.jit(lambda c, t, i: module.apply({'params': p, 'cache': c}, t, i, method=module.decode_step,
+                                             mutable=['cache']))
+  many, _ = step(v['cache'], tokens, jnp.zeros((1,), jnp.int32))
+  cache, ones = v['cache'], []
+  for j in range(tokens.shape[1]):
+    logits, new = step(cache, tokens[:, j:j + 1], jnp.full((1,), j, jnp.int32))
+    cache = new['cache']
+    ones.append(logits[:, 0])
+  np.testing.assert_allclose(np.asarray(many[0]), np.asarray(jnp.stack(ones, 1)[0]), rtol=0, atol=2e-6)

@@ -1,0 +1,337 @@
+"""Where a speculative decode's time goes: one round, phase by phase.
+
+For a target, a drafter, γ and a temperature this module times
+
+* the model calls in isolation (`time_decode_calls`, `measure_costs`): target 1-token, target γ+1-token (verify),
+  drafter 1-token;
+* each phase of `decoding.speculative_step` (draft, verify, accept, commit) and the whole round, each run N
+  times inside one jitted `lax.fori_loop` from a realistic mid-decode state (caches filled with a real prefix),
+  so what they cost *inside a compiled loop* is measured, not dispatch;
+* the baseline's round (`temperature_sample`'s body: one 1-token call plus its bookkeeping) the same way;
+* the per-example fixed costs: a whole `predict` call that decodes nothing (`max_decode_steps=0`: both
+  encoders, both cache inits, dispatch, sorting);
+
+and reads the compiled decode loops' HLO: instructions per loop body by kind (fusions, dots, copies,
+scatters, ...), the facts that explain a loop costing more than its calls. Works on any backend (CPU, GPU, TPU).
+"""
+
+import collections
+import dataclasses
+import re
+import time
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence
+
+import jax
+from jax import lax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec import decoding
+from specdec import models
+from specdec import sampling
+
+
+def time_decode_calls(module, params, encoder_input_tokens: np.ndarray, max_decode_length: int,
+                      num_new_tokens: int, num_calls: int = 32, repeats: int = 5) -> float:
+  """Median seconds of one `decode_step` call with `num_new_tokens` tokens per row.
+
+  The calls run inside one jitted `lax.scan` (as they do inside the decode loops), at advancing positions
+  of a real encoded input, so dispatch overhead is not counted.
+  """
+  enc = jnp.asarray(encoder_input_tokens)
+  encoded = module.apply({'params': params}, enc, enable_dropout=False, method=module.encode)
+  _, variables = module.apply({'params': params}, encoded, enc, max_decode_length,
+                              method=module.init_cache, mutable=['cache'])
+  cache0 = variables.get('cache', {})
+  rows = enc.shape[0]
+  span = max(max_decode_length - num_new_tokens, 1)
+
+  @jax.jit
+  def calls(params, cache):
+    # params are arguments, not constants folded into the program: the decode loops get them that way.
+    def body(cache, i):
+      tokens = jnp.full((rows, num_new_tokens), 3, jnp.int32)
+      logits, new_vars = module.apply({'params': params, 'cache': cache}, tokens,
+                                      jnp.full((rows,), i % span, jnp.int32),
+                                      method=module.decode_step, mutable=['cache'])
+      return new_vars.get('cache', {}), jnp.argmax(logits[:, -1], axis=-1)
+    return jax.lax.scan(body, cache, jnp.arange(num_calls))
+
+  jax.block_until_ready(calls(params, cache0))
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(calls(params, cache0))
+    times.append(time.perf_counter() - start)
+  return float(np.median(times)) / num_calls
+
+
+def measure_costs(target_module, target_params, drafter_module, drafter_params,
+                  encoder_input_tokens: np.ndarray, max_decode_length: int, gamma: int) -> Dict[str, float]:
+  """Target 1-token, target γ+1-token (verify) and drafter 1-token call times; c and the verify ratio."""
+  t_target = time_decode_calls(target_module, target_params, encoder_input_tokens, max_decode_length, 1)
+  t_verify = time_decode_calls(target_module, target_params, encoder_input_tokens, max_decode_length,
+                               gamma + 1)
+  t_draft = time_decode_calls(drafter_module, drafter_params, encoder_input_tokens, max_decode_length, 1)
+  return {'target_call_s': t_target, 'verify_call_s': t_verify, 'draft_call_s': t_draft,
+          'c': t_draft / t_target, 'verify_cost_ratio': t_verify / t_target}
+
+
+def _median_loop_time(fn: Callable[[Any], Any], carry0: Any, iters: int, repeats: int) -> float:
+  """Median seconds of one `fn` application when `iters` run in one jitted fori_loop (compile excluded)."""
+  looped = jax.jit(lambda c: lax.fori_loop(0, iters, lambda _, c: fn(c), c))
+  jax.block_until_ready(looped(carry0))
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(looped(carry0))
+    times.append(time.perf_counter() - start)
+  return float(np.median(times)) / iters
+
+
+def _prefilled(module, params, encoder_input_tokens, max_decode_length, prefix_bl):
+  """(cache, tokens_to_logits) with the cache holding `prefix_bl` at positions 0..P-1 (one k-token call)."""
+  model = models.SpeculativeEncoderDecoderModel(module, None, decode_fn=decoding.temperature_sample)
+  cache, tokens_to_logits = model._decoder_fns(  # pylint: disable=protected-access
+      module, params, encoder_input_tokens, max_decode_length)
+  rows = prefix_bl.shape[0]
+  _, cache = tokens_to_logits(decoding.DecodingState(
+      cur_index=jnp.zeros((rows,), jnp.int32), sequences=prefix_bl, cur_token=prefix_bl, cache=cache))
+  return cache, tokens_to_logits
+
+
+ALL_PARTS = ('draft', 'verify', 'accept', 'commit', 'round', 'baseline_round')
+# What the benchmark needs per row (c and a inside the loop); each part is one more compiled loop.
+BENCHMARK_PARTS = ('draft', 'round', 'baseline_round')
+
+
+@dataclasses.dataclass
+class PhaseTimes:
+  """Seconds per application inside a compiled loop (None: not timed)."""
+  draft: Optional[float] = None
+  verify: Optional[float] = None
+  accept: Optional[float] = None
+  commit: Optional[float] = None
+  round: Optional[float] = None
+  baseline_round: Optional[float] = None
+
+
+def time_phases(target_module, target_params, drafter_module, drafter_params,
+                encoder_input_tokens: np.ndarray, decoded_l: np.ndarray, max_decode_length: int,
+                gamma: int, temperature: float = 0.0, topk: int = 0, topp: float = 0.0,
+                draft_confidence: float = 0.0, position: Optional[int] = None,
+                iters: int = 32, repeats: int = 5, parts: Sequence[str] = ALL_PARTS) -> PhaseTimes:
+  """Times the phases of one speculative round and the baseline's round at `position`.
+
+  The state is a real mid-decode one: `decoded_l` (e.g. the baseline's greedy output for this input) is the
+  committed prefix, both caches hold it, and each timed round replays the round at `position` (its caches
+  carried, so nothing is loop-invariant). `parts` picks what to time (each is one compiled loop).
+  """
+  unknown = set(parts) - set(ALL_PARTS)
+  if unknown:
+    raise ValueError(f'Unknown parts {sorted(unknown)}; choose from {ALL_PARTS}.')
+  enc = jnp.asarray(encoder_input_tokens)
+  rows = enc.shape[0]
+  n_out = int(np.count_nonzero(decoded_l)) or 1
+  position = min(n_out // 2, max_decode_length - gamma - 2) if position is None else position
+  sequences_l = np.zeros((max_decode_length + gamma + 2,), np.int32)
+  sequences_l[1:1 + len(decoded_l)] = decoded_l
+  sequences_bl = jnp.asarray(np.tile(sequences_l, (rows, 1)))
+  prefix_bl = sequences_bl[:, :position]
+  target_cache, tokens_to_logits = _prefilled(target_module, target_params, enc, max_decode_length,
+                                              prefix_bl)
+  draft_cache, draft_tokens_to_logits = _prefilled(drafter_module, drafter_params, enc,
+                                                   max_decode_length, prefix_bl[:, :max(position - 1, 1)])
+  spec = decoding.LoopSpec(
+      gamma=gamma, eos_id=1, tokens_to_logits=tokens_to_logits,
+      draft_tokens_to_logits=draft_tokens_to_logits,
+      forced_bl=jnp.zeros(sequences_bl.shape, bool),
+      max_len_b=jnp.full((rows,), max_decode_length, jnp.int32),
+      temperature=temperature, topk=topk, topp=topp,
+      fast_greedy=sampling.static_greedy(temperature) is True,
+      draft_confidence=draft_confidence, return_stats=False)
+  state0 = decoding.SpeculativeLoopState(
+      cur_index=jnp.full((rows,), position - 1, jnp.int32), sequences=sequences_bl,
+      target_cache=target_cache, draft_cache=draft_cache, draft_lag=jnp.ones((rows,), bool),
+      ended=jnp.zeros((rows,), bool), generated=jnp.zeros(sequences_bl.shape, bool),
+      rng=jax.random.PRNGKey(0), log_prob=jnp.zeros((rows,), jnp.float32), stats={})
+  rng = None if spec.fast_greedy else jax.random.PRNGKey(1)
+  drafts0 = decoding.draft_phase(spec, state0, rng)
+  logits0, _ = decoding.verify_phase(spec, state0, drafts0)
+  verdict0, logp0 = decoding.accept_phase(spec, state0, drafts0, logits0, rng)
+
+  def replay(state):  # the same round again, caches carried
+    return state.replace(cur_index=state0.cur_index, sequences=state0.sequences, ended=state0.ended,
+                         generated=state0.generated, draft_lag=state0.draft_lag)
+
+  def draft_only(carry):
+    state, acc = carry
+    drafts = decoding.draft_phase(spec, replay(state), rng)
+    return state.replace(draft_cache=drafts.cache), acc + jnp.sum(drafts.tokens_bg)
+
+  def verify_only(carry):
+    state, acc = carry
+    logits, cache = decoding.verify_phase(spec, replay(state), drafts0)
+    return state.replace(target_cache=cache), acc + jnp.sum(jnp.argmax(logits, axis=-1))
+
+  def accept_only(carry):
+    state, acc = carry
+    # The logits depend on the carry, so the phase cannot be hoisted out of the loop.
+    logits = logits0 + acc.astype(jnp.float32) * 0.0
+    verdict, _ = decoding.accept_phase(spec, replay(state), drafts0, logits, rng)
+    return state, acc + jnp.sum(verdict.num_accepted_b) + jnp.sum(verdict.next_token_b)
+
+  def commit_only(carry):
+    state, acc = carry
+    logits = logits0 + acc.astype(jnp.float32) * 0.0
+    new = decoding.commit_phase(spec, replay(state), drafts0, verdict0, logits, logp0,
+                                state.target_cache, state.rng)
+    return state, acc + jnp.sum(new.cur_index) + jnp.sum(new.sequences)
+
+  def whole_round(carry):
+    state, acc = carry
+    new = decoding.speculative_step(spec, replay(state))
+    return new, acc + jnp.sum(new.cur_index)
+
+  def baseline_round(carry):
+    # temperature_sample's body: one 1-token call, argmax or sampling, the sequence write.
+    (cache, seq_bl, rng_key), acc = carry
+    logits, cache = tokens_to_logits(decoding.DecodingState(
+        cur_index=jnp.full((rows,), position, jnp.int32), sequences=seq_bl,
+        cur_token=seq_bl[:, position:position + 1], cache=cache))
+    if spec.fast_greedy:
+      token_b = jnp.argmax(logits[:, 0], axis=-1).astype(jnp.int32)
+    else:
+      rng_key, step_rng = jax.random.split(rng_key)
+      token_b = sampling.sample(step_rng, spec.adjust(logits[:, 0]))
+    seq_bl = seq_bl.at[:, position + 1].set(token_b)
+    return (cache, seq_bl, rng_key), acc + jnp.sum(token_b)
+
+  acc0 = jnp.zeros((), jnp.int32)
+  carries = {'baseline_round': ((target_cache, sequences_bl, jax.random.PRNGKey(2)), acc0)}
+  fns = {'draft': draft_only, 'verify': verify_only, 'accept': accept_only, 'commit': commit_only,
+         'round': whole_round, 'baseline_round': baseline_round}
+  return PhaseTimes(**{part: _median_loop_time(fns[part], carries.get(part, (state0, acc0)), iters, repeats)
+                       for part in parts})
+
+
+def time_fixed_costs(target_module, target_params, drafter_module, drafter_params,
+                     batch: Mapping[str, np.ndarray], decoder_params: Mapping[str, Any], gamma: int,
+                     repeats: int = 5) -> Dict[str, float]:
+  """Seconds of a whole jitted `predict` that decodes nothing (max_decode_steps=0), baseline and speculative:
+  encoders, cache inits, dispatch and the loop's set-up, i.e. what every example pays once."""
+  out = {}
+  base = models.SpeculativeEncoderDecoderModel(target_module, None, decode_fn=decoding.temperature_sample)
+  spec = models.SpeculativeEncoderDecoderModel(target_module, drafter_module,
+                                               decode_fn=decoding.speculative_sample)
+  sampling_params = {k: v for k, v in decoder_params.items() if k in ('temperature', 'topk', 'topp')}
+  spec_params = {k: v for k, v in decoder_params.items() if k not in ('gamma', 'return_stats')}
+  for name, model, params, settings in (
+      ('baseline', base, {'target': target_params}, sampling_params),
+      ('speculative', spec, {'target': target_params, 'drafter': drafter_params},
+       dict(spec_params, gamma=gamma))):
+    predict = model.compile_predict(dict(settings, max_decode_steps=0))
+    jax.block_until_ready(predict(params, batch))
+    times = []
+    for _ in range(repeats):
+      start = time.perf_counter()
+      jax.block_until_ready(predict(params, batch))
+      times.append(time.perf_counter() - start)
+    out[name] = float(np.median(times))
+  return out
+
+
+# ----------------------------------------------------------------------------------------------------------
+# HLO facts.
+# ----------------------------------------------------------------------------------------------------------
+
+_INSTRUCTION = re.compile(r'^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*.*?\s([a-z][\w\-]*)\(', re.M)
+
+
+def _computations(hlo_text: str) -> Dict[str, str]:
+  """{computation name: body text} of an HLO module's text."""
+  out, name, lines = {}, None, []
+  for line in hlo_text.splitlines():
+    header = re.match(r'^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$', line)
+    if header and not line.startswith(' '):
+      name, lines = header.group(1), []
+    elif line.startswith('}') and name is not None:
+      out[name] = '\n'.join(lines)
+      name = None
+    elif name is not None:
+      lines.append(line)
+  return out
+
+
+def loop_body_ops(hlo_text: str) -> Dict[str, Dict[str, int]]:
+  """Per `while` loop of a compiled module: instruction counts by opcode in its body (nested calls and
+  fusion bodies not expanded: each fusion is one kernel), largest body first."""
+  comps = _computations(hlo_text)
+  bodies = re.findall(r'while\(.*?body=%?([\w.\-]+)', hlo_text)
+  out = {}
+  for body in dict.fromkeys(bodies):
+    ops = collections.Counter(_INSTRUCTION.findall(comps.get(body, '')))
+    out[body] = dict(ops.most_common())
+  return dict(sorted(out.items(), key=lambda kv: -sum(kv[1].values())))
+
+
+def hlo_summary(ops: Mapping[str, int]) -> Dict[str, int]:
+  """The counts that matter for a loop body's fixed cost."""
+  total = sum(v for k, v in ops.items() if k not in ('parameter', 'get-tuple-element', 'tuple', 'constant',
+                                                     'bitcast'))
+  pick = lambda *names: sum(ops.get(n, 0) for n in names)
+  return {'kernels': total, 'fusion': pick('fusion'), 'dot/custom-call': pick('dot', 'custom-call'),
+          'copy': pick('copy', 'copy-start'), 'scatter': pick('scatter'), 'gather': pick('gather'),
+          'dynamic-update-slice': pick('dynamic-update-slice'), 'while': pick('while'),
+          'conditional': pick('conditional'), 'sort': pick('sort')}
+
+
+def compiled_loop_facts(model: models.SpeculativeEncoderDecoderModel, params, batch,
+                        decoder_params: Mapping[str, Any]) -> Dict[str, Dict[str, int]]:
+  """`hlo_summary` of every while loop in the compiled predict function, largest first."""
+  fn = jax.jit(lambda p, b: model.predict_batch_with_aux(p, b, decoder_params=dict(decoder_params)))
+  text = fn.lower(params, {k: batch[k] for k in ('encoder_input_tokens', 'decoder_input_tokens')}
+                  ).compile().as_text()
+  return {name: hlo_summary(ops) for name, ops in loop_body_ops(text).items()}
+
+
+
+
+def in_loop_costs(target_module, target_params, drafter_module, drafter_params,
+                  batch: Mapping[str, np.ndarray], decoded_l: np.ndarray, gamma: int,
+                  decoder_params: Mapping[str, Any], iters: int = 32, repeats: int = 5,
+                  parts: Sequence[str] = BENCHMARK_PARTS) -> Dict[str, Optional[float]]:
+  """The costs a speculative decode pays inside its compiled loop, in baseline-round units.
+
+  Returns seconds of each part timed (`time_phases`; `parts` beyond the benchmark's draft / round / baseline
+  round, None where not timed), the
+  per-example fixed costs (`time_fixed_costs`) and
+  - `c_in_loop`: one draft step inside the loop / one baseline round (the in-situ c);
+  - `round_fixed_in_loop` (a): the round less its drafting, / one baseline round (verify + accept + commit);
+  - `round_over_baseline`: the whole round / one baseline round.
+  """
+  enc = np.asarray(batch['encoder_input_tokens'])
+  phases = time_phases(
+      target_module, target_params, drafter_module, drafter_params, enc, decoded_l,
+      batch['decoder_input_tokens'].shape[1], gamma, temperature=decoder_params.get('temperature', 0.0),
+      topk=decoder_params.get('topk', 0), topp=decoder_params.get('topp', 0.0),
+      draft_confidence=decoder_params.get('draft_confidence', 0.0), iters=iters, repeats=repeats,
+      parts=tuple(dict.fromkeys(tuple(parts) + BENCHMARK_PARTS)))
+  fixed = time_fixed_costs(target_module, target_params, drafter_module, drafter_params, batch,
+                           decoder_params, gamma, repeats=repeats)
+  base = phases.baseline_round
+  return {
+      **{f'{k}_s': v for k, v in dataclasses.asdict(phases).items()},
+      'baseline_fixed_s': fixed['baseline'], 'speculative_fixed_s': fixed['speculative'],
+      'c_in_loop': phases.draft / gamma / base,
+      'round_fixed_in_loop': (phases.round - phases.draft) / base,
+      'round_over_baseline': phases.round / base,
+  }
+
+
+def predicted_speedup_in_loop(costs: Mapping[str, float], baseline_tokens, target_calls) -> float:
+  """Σ baseline time / Σ speculative time that the in-loop costs predict for examples with these token and
+  target-call counts (each example pays its fixed cost once)."""
+  base = sum(costs['baseline_fixed_s'] + n * costs['baseline_round_s'] for n in baseline_tokens)
+  spec = sum(costs['speculative_fixed_s'] + n * costs['round_s'] for n in target_calls)
+  return base / spec

@@ -1,0 +1,159 @@
+"""Tests for specdec/profiling.py: call timing, phase timing inside a loop, fixed costs, HLO facts.
+
+Timings are only checked to be positive and finite (speed is measured by scripts/profile_decode.py, never
+asserted here); the arithmetic and the HLO parsing are checked on hand-made inputs.
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specdec import decoding
+from specdec import models
+from specdec import network
+from specdec import profiling
+
+
+def _tiny(seed, **overrides):
+  fields = dict(vocab_size=64, emb_dim=16, num_heads=2, head_dim=8, num_encoder_layers=1,
+                num_decoder_layers=1, mlp_dim=32, dropout_rate=0.0, dtype=jnp.float32)
+  fields.update(overrides)
+  config = network.T5Config(**fields)
+  return network.Transformer(config), network.init_params(config, jax.random.PRNGKey(seed))
+
+
+@pytest.fixture(scope='module')
+def pair():
+  return _tiny(0), _tiny(1, num_decoder_layers=1, emb_dim=8, head_dim=4, mlp_dim=16)
+
+
+def _batch(rows=1, in_len=8, out_len=10):
+  enc = np.random.RandomState(0).randint(2, 64, (rows, in_len)).astype(np.int32)
+  return {'encoder_input_tokens': enc, 'decoder_input_tokens': np.zeros((rows, out_len), np.int32)}
+
+
+def test_time_decode_calls_is_positive_and_finite(pair):
+  (module, params), _ = pair
+  enc = _batch()['encoder_input_tokens']
+  for k in (1, 3):
+    t = profiling.time_decode_calls(module, params, enc, max_decode_length=8, num_new_tokens=k,
+                                    num_calls=3, repeats=2)
+    assert isinstance(t, float) and math.isfinite(t) and t > 0
+
+
+def test_measure_costs_ratios(monkeypatch):
+  calls = []
+  fake_times = {('target', 1): 0.010, ('target', 5): 0.013, ('drafter', 1): 0.002}
+
+  def fake_time(module, params, enc, max_decode_length, num_new_tokens, **kwargs):
+    del params, enc, kwargs
+    calls.append((module, num_new_tokens, max_decode_length))
+    return fake_times[(module, num_new_tokens)]
+
+  monkeypatch.setattr(profiling, 'time_decode_calls', fake_time)
+  costs = profiling.measure_costs('target', 'tp', 'drafter', 'dp', np.zeros((1, 8), np.int32), 12, gamma=4)
+  assert sorted(calls) == sorted([('target', 1, 12), ('target', 5, 12), ('drafter', 1, 12)])
+  assert costs['target_call_s'] == 0.010
+  assert costs['verify_call_s'] == 0.013
+  assert costs['draft_call_s'] == 0.002
+  assert costs['c'] == pytest.approx(0.2)
+  assert costs['verify_cost_ratio'] == pytest.approx(1.3)
+
+
+@pytest.mark.parametrize('temperature, confidence', [(1.0, 0.3)])
+def test_in_loop_costs_are_positive_and_consistent(pair, temperature, confidence):
+  (tm, tp), (dm, dp) = pair
+  batch = _batch()
+  decoded = np.asarray([5, 9, 12, 7, 1, 0, 0, 0, 0, 0], np.int32)
+  params = {'temperature': temperature, 'topk': 0, 'topp': 0.0, 'gamma': 3, 'return_stats': True}
+  if confidence:
+    params['draft_confidence'] = confidence
+  c = profiling.in_loop_costs(tm, tp, dm, dp, batch, decoded, 3, params, iters=4, repeats=2,
+                              parts=profiling.ALL_PARTS)
+  for key in ('draft_s', 'verify_s', 'accept_s', 'commit_s', 'round_s', 'baseline_round_s',
+              'baseline_fixed_s', 'speculative_fixed_s'):
+    assert math.isfinite(c[key]) and c[key] > 0, key
+  assert c['c_in_loop'] == pytest.approx(c['draft_s'] / 3 / c['baseline_round_s'])
+  assert c['round_over_baseline'] == pytest.approx(c['round_s'] / c['baseline_round_s'])
+  assert c['round_fixed_in_loop'] == pytest.approx((c['round_s'] - c['draft_s']) / c['baseline_round_s'])
+
+
+def test_predicted_speedup_in_loop_by_hand():
+  costs = {'baseline_fixed_s': 1.0, 'speculative_fixed_s': 2.0, 'baseline_round_s': 0.5, 'round_s': 1.0}
+  # baseline: (1 + 10·0.5) + (1 + 4·0.5) = 9; speculative: (2 + 4·1) + (2 + 1·1) = 9.
+  assert profiling.predicted_speedup_in_loop(costs, [10, 4], [4, 1]) == pytest.approx(1.0)
+  assert profiling.predicted_speedup_in_loop(costs, [20], [2]) == pytest.approx(11 / 4)
+
+
+HLO = """HloModule m
+
+%fused (p: f32[4]) -> f32[4] {
+  %p = f32[4]{0} parameter(0)
+  ROOT %n = f32[4]{0} negate(%p)
+}
+
+%body.1 (arg: (s32[], f32[4])) -> (s32[], f32[4]) {
+  %arg = (s32[], f32[4]{0}) parameter(0)
+  %i = s32[] get-tuple-element(%arg), index=0
+  %x = f32[4]{0} get-tuple-element(%arg), index=1
+  %f = f32[4]{0} fusion(%x), kind=kLoop, calls=%fused
+  %c = f32[4]{0} copy(%f)
+  %d = f32[4]{0} dot(%c, %c), lhs_contracting_dims={0}, rhs_contracting_dims={0}
+  ROOT %t = (s32[], f32[4]{0}) tuple(%i, %d)
+}
+
+%cond.1 (arg: (s32[], f32[4])) -> pred[] {
+  %arg = (s32[], f32[4]{0}) parameter(0)
+  %i = s32[] get-tuple-element(%arg), index=0
+  %k = s32[] constant(3)
+  ROOT %lt = pred[] compare(%i, %k), direction=LT
+}
+
+ENTRY %main (x: f32[4]) -> f32[4] {
+  %x = f32[4]{0} parameter(0)
+  %z = s32[] constant(0)
+  %t = (s32[], f32[4]{0}) tuple(%z, %x)
+  %w = (s32[], f32[4]{0}) while(%t), condition=%cond.1, body=%body.1
+  ROOT %r = f32[4]{0} get-tuple-element(%w), index=1
+}
+"""
+
+
+def test_loop_body_ops_parses_hlo_text():
+  ops = profiling.loop_body_ops(HLO)
+  assert list(ops) == ['body.1']
+  assert ops['body.1']['fusion'] == 1 and ops['body.1']['copy'] == 1 and ops['body.1']['dot'] == 1
+  summary = profiling.hlo_summary(ops['body.1'])
+  assert summary['kernels'] == 3  # fusion, copy, dot (parameters, tuples and element reads are free)
+  assert summary['copy'] == 1 and summary['dot/custom-call'] == 1
+
+
+def test_compiled_loop_facts_sees_the_decode_loops(pair):
+  (tm, tp), (dm, dp) = pair
+  batch = _batch()
+  spec = models.SpeculativeEncoderDecoderModel(tm, dm, decode_fn=decoding.speculative_sample)
+  facts = profiling.compiled_loop_facts(spec, {'target': tp, 'drafter': dp}, batch,
+                                        {'temperature': 0.0, 'gamma': 3})
+  # The decode loop and the drafting loop inside it.
+  assert len(facts) >= 2
+  assert all(f['kernels'] > 0 for f in facts.values())
+  assert any(f['while'] >= 1 for f in facts.values())
+
+
+def test_in_loop_costs_subset_of_parts(pair):
+  (tm, tp), (dm, dp) = pair
+  params = {'temperature': 0.0, 'topk': 0, 'topp': 0.0, 'gamma': 2}
+  c = profiling.in_loop_costs(tm, tp, dm, dp, _batch(), np.asarray([5, 9, 1, 0, 0, 0, 0, 0, 0, 0], np.int32),
+                              2, params, iters=2, repeats=1, parts=('draft', 'round', 'baseline_round'))
+  assert c['verify_s'] is None and c['accept_s'] is None and c['commit_s'] is None
+  assert c['round_s'] > 0 and c['c_in_loop'] > 0
+
+
+def test_unknown_part_is_refused(pair):
+  (tm, tp), (dm, dp) = pair
+  with pytest.raises(ValueError, match='parts'):
+    profiling.time_phases(tm, tp, dm, dp, _batch()['encoder_input_tokens'], np.asarray([5, 1]), 10, 2,
+                          parts=('draft', 'nonsense'))
