@@ -8,8 +8,7 @@ For a target, a drafter, γ and a temperature this module times
   times inside one jitted `lax.fori_loop` from a realistic mid-decode state (caches filled with a real prefix),
   so what they cost *inside a compiled loop* is measured, not dispatch;
 * the baseline's round (`temperature_sample`'s body: one 1-token call plus its bookkeeping) the same way;
-* the per-example fixed costs: a whole `predict` call that decodes nothing (`max_decode_steps=0`: both
-  encoders, both cache inits, dispatch, sorting);
+* the per-example fixed costs: the encoder(s) and cache init(s) every example pays before its loop;
 
 and reads the compiled decode loops' HLO: instructions per loop body by kind (fusions, dots, copies,
 scatters, ...), the facts that explain a loop costing more than its calls. Works on any backend (CPU, GPU, TPU).
@@ -29,6 +28,18 @@ import numpy as np
 from specdec import decoding
 from specdec import models
 from specdec import sampling
+
+
+def median_seconds(fn: Callable[..., Any], *args, repeats: int = 5) -> float:
+  """Median wall seconds of `fn(*args)` (blocked until ready) over `repeats` runs, after one untimed run
+  (compilation and warm-up excluded)."""
+  jax.block_until_ready(fn(*args))
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    times.append(time.perf_counter() - start)
+  return float(np.median(times))
 
 
 def time_decode_calls(module, params, encoder_input_tokens: np.ndarray, max_decode_length: int,
@@ -57,13 +68,7 @@ def time_decode_calls(module, params, encoder_input_tokens: np.ndarray, max_deco
       return new_vars.get('cache', {}), jnp.argmax(logits[:, -1], axis=-1)
     return jax.lax.scan(body, cache, jnp.arange(num_calls))
 
-  jax.block_until_ready(calls(params, cache0))
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(calls(params, cache0))
-    times.append(time.perf_counter() - start)
-  return float(np.median(times)) / num_calls
+  return median_seconds(calls, params, cache0, repeats=repeats) / num_calls
 
 
 def measure_costs(target_module, target_params, drafter_module, drafter_params,
@@ -80,13 +85,7 @@ def measure_costs(target_module, target_params, drafter_module, drafter_params,
 def _median_loop_time(fn: Callable[[Any], Any], carry0: Any, iters: int, repeats: int) -> float:
   """Median seconds of one `fn` application when `iters` run in one jitted fori_loop (compile excluded)."""
   looped = jax.jit(lambda c: lax.fori_loop(0, iters, lambda _, c: fn(c), c))
-  jax.block_until_ready(looped(carry0))
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(looped(carry0))
-    times.append(time.perf_counter() - start)
-  return float(np.median(times)) / iters
+  return median_seconds(looped, carry0, repeats=repeats) / iters
 
 
 def _prefilled(module, params, encoder_input_tokens, max_decode_length, prefix_bl):
@@ -216,29 +215,21 @@ def time_phases(target_module, target_params, drafter_module, drafter_params,
 
 
 def time_fixed_costs(target_module, target_params, drafter_module, drafter_params,
-                     batch: Mapping[str, np.ndarray], decoder_params: Mapping[str, Any], gamma: int,
-                     repeats: int = 5) -> Dict[str, float]:
-  """Seconds of a whole jitted `predict` that decodes nothing (max_decode_steps=0), baseline and speculative:
-  encoders, cache inits, dispatch and the loop's set-up, i.e. what every example pays once."""
-  out = {}
-  base = models.SpeculativeEncoderDecoderModel(target_module, None, decode_fn=decoding.temperature_sample)
-  spec = models.SpeculativeEncoderDecoderModel(target_module, drafter_module,
-                                               decode_fn=decoding.speculative_sample)
-  sampling_params = {k: v for k, v in decoder_params.items() if k in ('temperature', 'topk', 'topp')}
-  spec_params = {k: v for k, v in decoder_params.items() if k not in ('gamma', 'return_stats')}
-  for name, model, params, settings in (
-      ('baseline', base, {'target': target_params}, sampling_params),
-      ('speculative', spec, {'target': target_params, 'drafter': drafter_params},
-       dict(spec_params, gamma=gamma))):
-    predict = model.compile_predict(dict(settings, max_decode_steps=0))
-    jax.block_until_ready(predict(params, batch))
-    times = []
-    for _ in range(repeats):
-      start = time.perf_counter()
-      jax.block_until_ready(predict(params, batch))
-      times.append(time.perf_counter() - start)
-    out[name] = float(np.median(times))
-  return out
+                     batch: Mapping[str, np.ndarray], repeats: int = 5) -> Dict[str, float]:
+  """Seconds of what every example pays once before its decode loop, baseline and speculative: the jitted
+  encoder(s) and cache init(s) (`SpeculativeEncoderDecoderModel._decoder_fns`) for the batch."""
+  enc = jnp.asarray(batch['encoder_input_tokens'])
+  max_decode_length = batch['decoder_input_tokens'].shape[1]
+  model = models.SpeculativeEncoderDecoderModel(target_module, None, decode_fn=decoding.temperature_sample)
+
+  def caches(modules_and_params):
+    return [model._decoder_fns(m, p, enc, max_decode_length)[0]  # pylint: disable=protected-access
+            for m, p in modules_and_params]
+
+  target = ((target_module, target_params),)
+  both = target + ((drafter_module, drafter_params),)
+  return {'baseline': median_seconds(jax.jit(lambda: caches(target)), repeats=repeats),
+          'speculative': median_seconds(jax.jit(lambda: caches(both)), repeats=repeats)}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -318,7 +309,7 @@ def in_loop_costs(target_module, target_params, drafter_module, drafter_params,
       draft_confidence=decoder_params.get('draft_confidence', 0.0), iters=iters, repeats=repeats,
       parts=tuple(dict.fromkeys(tuple(parts) + BENCHMARK_PARTS)))
   fixed = time_fixed_costs(target_module, target_params, drafter_module, drafter_params, batch,
-                           decoder_params, gamma, repeats=repeats)
+                           repeats=repeats)
   base = phases.baseline_round
   return {
       **{f'{k}_s': v for k, v in dataclasses.asdict(phases).items()},
