@@ -319,7 +319,7 @@ def run(target_module, target_params, drafter_module, drafter_params, task_name:
       task=task_name, split=split, drafter=drafter_name, lengths=dict(lengths),
       setting=dataclasses.asdict(setting), quality=quality, costs=costs,
       machine=machine_info(), date=datetime.datetime.now().isoformat(timespec='seconds'),
-      command=' '.join([os.path.basename(sys.executable)] + sys.argv), **dict(extra_info or {}))
+      command=run_command(), **dict(extra_info or {}))
   write_outputs(output_dir, summary, records, write_plot)
   return summary
 
@@ -414,6 +414,19 @@ def summarize(records: Sequence[Mapping[str, Any]], costs: Mapping[str, float], 
 def _finite_or_none(x: float) -> Optional[float]:
   """None for nan/inf, so the JSON written is strict (nan: e.g. a speedup out of reach at any α)."""
   return float(x) if np.isfinite(x) else None
+
+
+def run_command(argv: Optional[Sequence[str]] = None) -> str:
+  """The command line that made a result, relative to the repository: `python -m specdec.main ...` for a
+  module run with -m (whose argv[0] is its absolute file path), else argv[0] relative to the working directory."""
+  argv = list(sys.argv if argv is None else argv)
+  program = os.path.abspath(argv[0]) if argv else ''
+  package_dir = os.path.dirname(os.path.abspath(__file__))
+  if os.path.dirname(program) == package_dir:
+    head = f'python -m specdec.{os.path.splitext(os.path.basename(program))[0]}'
+  else:
+    head = 'python ' + os.path.relpath(program) if program else 'python'
+  return ' '.join([head] + argv[1:])
 
 
 def machine_info() -> Dict[str, Any]:

@@ -476,3 +476,12 @@ def test_summarize_unreachable_target_is_none_and_markdown_says_so():
   s = benchmark.summarize(_records(), costs, benchmark.Setting(gamma=GAMMA, temperature=0.0))
   assert s['alpha_needed']['2.0'] is None
   json.dumps(s, allow_nan=False)
+
+
+def test_run_command_is_relative_to_the_repository(tmp_path, monkeypatch):
+  main_py = os.path.join(os.path.dirname(benchmark.__file__), 'main.py')
+  assert benchmark.run_command([main_py, "--gin.X='y'"]) == "python -m specdec.main --gin.X='y'"
+  monkeypatch.chdir(tmp_path)
+  (tmp_path / 'scripts').mkdir()
+  assert benchmark.run_command([str(tmp_path / 'scripts' / 'ablate.py'), 'gamma']) == (
+      'python scripts/ablate.py gamma')
