@@ -448,10 +448,10 @@ def draft_phase(spec: LoopSpec, state: SpeculativeLoopState,
   the output distribution: each kept token still passes Algorithm 1's test.
   """
   gamma, rows = spec.gamma, state.cur_index.shape[0]
-  rngs = (None,) * gamma if rng is None else tuple(jax.random.split(rng, gamma))
-  rngs_g = None if rng is None else jnp.stack(rngs)
+  rngs_g = None if rng is None else jax.random.split(rng, gamma)
   logits_bv, cache = _draft_catch_up(spec, state)
-  token_b, logq_bv, confidence_b = _pick_draft(spec, state, 0, logits_bv, rngs[0])
+  token_b, logq_bv, confidence_b = _pick_draft(spec, state, 0, logits_bv,
+                                               None if rngs_g is None else rngs_g[0])
   tokens_bg = jnp.zeros((rows, gamma), jnp.int32).at[:, 0].set(token_b)
   logq_bgv = None if logq_bv is None else jnp.zeros(
       (rows, gamma) + logq_bv.shape[1:], logq_bv.dtype).at[:, 0].set(logq_bv)
