@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import os
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import flax
@@ -221,14 +222,16 @@ def _relative_position_bucket_table(bidirectional: bool, num_buckets: int,
 # -----------------------------------------------------------------------------
 
 
-# Up to this many rows, `x @ kernel` with a large kernel runs as one matrix-vector
-# product per row. On CPU, XLA's gemm for a handful of rows (a γ+1-token verify
-# call at batch 1) costs 2-3x its matrix-vector product although it reads the
-# same weights; per-row products read each kernel once from memory and then from
-# cache (scripts/profile_decode.py; results/profile/). They also make a k-token
-# call's projections bitwise equal to k one-token calls'. Small kernels (and
-# more rows) keep one dot: there the extra kernels only cost compile time.
-ROWWISE_MAX_ROWS = 8
+# Up to ROWWISE_MAX_ROWS rows, `x @ kernel` with a large kernel can run as one
+# matrix-vector product per row, which also makes a k-token call's projections
+# bitwise equal to k one-token calls'. Whether it is faster depends on the CPU's
+# gemm for a handful of rows: on one 2-core EPYC VM a 5-token verify call fell
+# from 2.5x to 1.9x a 1-token call with it; on another it rose from 1.76x to
+# 2.27x (scripts/target_sizes.py, results/target_sizes/). So it is off by
+# default (XLA's own dot) and switched on per machine, after measuring, with
+# SPECDEC_ROWWISE_MAX_ROWS=8 (read when a model is traced). Small kernels keep
+# one dot: there the extra kernels only cost compile time.
+ROWWISE_MAX_ROWS = int(os.environ.get('SPECDEC_ROWWISE_MAX_ROWS', '0'))
 ROWWISE_MIN_KERNEL_SIZE = 1 << 16
 
 

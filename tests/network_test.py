@@ -5,6 +5,7 @@ a few (B=2, S=6, T=L=8) so the jitted functions compile only a handful of
 times.
 """
 
+import os
 import functools
 
 import jax
@@ -543,7 +544,8 @@ def test_bfloat16_activations(params, data):
 @pytest.mark.parametrize('rows, kernel_shape, rowwise', [
     (1, (256, 256), False), (5, (256, 256), True), (8, (64, 1024), True), (9, (256, 256), False),
     (5, (16, 64), False)])
-def test_project_rowwise_equals_dot(rows, kernel_shape, rowwise):
+def test_project_rowwise_equals_dot(rows, kernel_shape, rowwise, monkeypatch):
+  monkeypatch.setattr(network, 'ROWWISE_MAX_ROWS', 8)
   rng = np.random.RandomState(0)
   x = jnp.asarray(rng.normal(size=(1, rows, kernel_shape[0])).astype(np.float32))
   kernel = jnp.asarray(rng.normal(size=kernel_shape).astype(np.float32))
@@ -553,7 +555,18 @@ def test_project_rowwise_equals_dot(rows, kernel_shape, rowwise):
                              rtol=1e-5, atol=1e-4)
 
 
-def test_k_token_call_matches_one_token_calls_tightly_with_rowwise_kernels():
+def test_project_is_one_dot_by_default():
+  # Off unless SPECDEC_ROWWISE_MAX_ROWS asks for it (its speed depends on the machine).
+  if 'SPECDEC_ROWWISE_MAX_ROWS' in os.environ:
+    pytest.skip('SPECDEC_ROWWISE_MAX_ROWS is set in this environment')
+  jax.clear_caches()  # traces of _project made with row-wise switched on by other tests
+  x = jnp.ones((1, 5, 256), jnp.float32)
+  kernel = jnp.ones((256, 256), jnp.float32)
+  assert str(jax.make_jaxpr(network._project)(x, kernel)).count('dot_general') == 1
+
+
+def test_k_token_call_matches_one_token_calls_tightly_with_rowwise_kernels(monkeypatch):
+  monkeypatch.setattr(network, 'ROWWISE_MAX_ROWS', 8)
   # Kernels of >= ROWWISE_MIN_KERNEL_SIZE weights: every projection of a k-token call is the same
   # matrix-vector product as a one-token call's; what differs (attention) stays within 2e-6.
   config = network.T5Config(vocab_size=1024, emb_dim=64, num_heads=2, head_dim=32, num_encoder_layers=1,
