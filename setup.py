@@ -30,6 +30,8 @@ setuptools.setup(
     extras_require={
         # torch pinned exactly: that CPU build is what the parity tests need (a newer spec pulls a CUDA build).
         'test': ['pytest', 'pytest-xdist', 'scipy', 'torch==2.13.0', 'transformers>=5.24'],
+        # The peer benchmark (specdec/peers.py, scripts/peer_benchmark.py): Hugging Face generate on the same weights.
+        'peers': ['torch==2.13.0', 'transformers>=5.24'],
     },
     entry_points={
         'console_scripts': [

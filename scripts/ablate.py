@@ -5,9 +5,12 @@
 
 Each (drafter, task, temperature, γ) is one `specdec.benchmark.run` (baseline and speculative in the same run)
 in its own directory under OUT/runs/; a finished run (benchmark.json present) is skipped and an interrupted one
-resumes, so re-running the command continues where it stopped. Everything runs in one process, so each decode
-function is compiled once per input shape. The summary (Markdown, JSON, plot) is rewritten from all finished
-runs at the end.
+resumes, so re-running the command continues where it stopped. A run directory is resumed or kept only if it was
+made by the same configuration (its fingerprint.json: checkpoints and their contents, task, γ, temperature, lengths,
+max_examples, repeats, seed; `specdec.fingerprint`): every run is checked before the first is measured, and a
+mismatch stops the sweep naming the differing fields (--overwrite discards such runs and measures them afresh). A
+larger --max_examples extends the finished runs. Everything runs in one process, so each decode function is compiled
+once per input shape. The summary (Markdown, JSON, plot) is rewritten from all finished runs at the end.
 """
 
 import argparse
@@ -20,6 +23,7 @@ import numpy as np
 
 from specdec import benchmark
 from specdec import checkpoints
+from specdec import fingerprint
 from specdec import main as launcher
 from specdec import tables
 from specdec import tasks
@@ -27,31 +31,62 @@ from specdec import theory
 
 TASKS = {'ende': tasks.ENDE_LOCAL_TASK, 'summ': tasks.SUMMARIZE_LOCAL_TASK}
 LENGTHS = {'inputs': 96, 'targets': 48}
+REMEDY = 'use another --out, or --overwrite to discard such runs and measure them afresh'
+
+
+def plan_runs(args, grid):
+  """One dict per (drafter, task key, temperature, γ) of `grid`: its name, directory, setting, fingerprint."""
+  target_dir = os.path.join(args.models, 'target')
+  plans = []
+  for drafter, task_key, temperature, gamma in grid:
+    name = f'{task_key}_{drafter}_t{temperature:g}_g{gamma}'
+    setting = benchmark.Setting(gamma=gamma, temperature=temperature, repeats=args.repeats, seed=args.seed)
+    provenance = launcher.provenance(target_dir, os.path.join(args.models, drafter))
+    plans.append({'name': name, 'drafter': drafter, 'task': TASKS[task_key], 'setting': setting,
+                  'dir': os.path.join(args.out, 'runs', name), 'provenance': provenance,
+                  'fingerprint': benchmark.fingerprint_fields(TASKS[task_key], 'test', LENGTHS, setting,
+                                                              args.max_examples, drafter, provenance)})
+  return plans
+
+
+def refusals(plans):
+  """Why each run directory that cannot be resumed or kept can't (one line each), before anything is measured."""
+  reasons = (fingerprint.problem(p['dir'], p['fingerprint'], benchmark.OUTPUT_FILES, REMEDY) for p in plans)
+  return [reason for reason in reasons if reason]
+
+
+def is_finished(plan):
+  """The run was measured to the end by this very configuration (not one with fewer examples)."""
+  return (os.path.exists(os.path.join(plan['dir'], 'benchmark.json'))
+          and fingerprint.read(plan['dir']) == fingerprint.normalised(plan['fingerprint']))
 
 
 def _run_all(args, grid):
   """Runs (or resumes) every (drafter, task key, temperature, γ) in `grid`; returns their summaries."""
+  plans = plan_runs(args, grid)
+  refused = [] if args.overwrite else refusals(plans)
+  if refused:
+    more = f' ({len(refused) - 1} more run(s) refused alike)' if len(refused) > 1 else ''
+    raise SystemExit(f'ablate: {refused[0]}{more}')
   launcher.register_tasks(args.corpus_dir)
   target_module, target_params = launcher.load_network(os.path.join(args.models, 'target'))
   loaded = {}
   summaries = []
-  for n, (drafter, task_key, temperature, gamma) in enumerate(grid):
-    name = f'{task_key}_{drafter}_t{temperature:g}_g{gamma}'
-    run_dir = os.path.join(args.out, 'runs', name)
-    done_path = os.path.join(run_dir, 'benchmark.json')
-    if os.path.exists(done_path):
-      with open(done_path, encoding='utf-8') as f:
+  for n, plan in enumerate(plans):
+    name, drafter = plan['name'], plan['drafter']
+    if not args.overwrite and is_finished(plan):
+      with open(os.path.join(plan['dir'], 'benchmark.json'), encoding='utf-8') as f:
         summaries.append(json.load(f))
-      print(f'[{n + 1}/{len(grid)}] {name}: done earlier, kept.', flush=True)
+      print(f'[{n + 1}/{len(plans)}] {name}: done earlier, kept.', flush=True)
       continue
-    print(f'[{n + 1}/{len(grid)}] {name}', flush=True)
+    print(f'[{n + 1}/{len(plans)}] {name}', flush=True)
     if drafter not in loaded:
       loaded[drafter] = launcher.load_network(os.path.join(args.models, drafter))
-    setting = benchmark.Setting(gamma=gamma, temperature=temperature, repeats=args.repeats, seed=args.seed)
     summaries.append(benchmark.run(
-        target_module, target_params, *loaded[drafter], TASKS[task_key], 'test', LENGTHS, setting, run_dir,
-        args.max_examples, drafter_name=drafter, write_plot=False,
-        extra_info={'command_full': ' '.join(['python'] + sys.argv)}))
+        target_module, target_params, *loaded[drafter], plan['task'], 'test', LENGTHS, plan['setting'],
+        plan['dir'], args.max_examples, drafter_name=drafter, write_plot=False,
+        extra_info={'command_full': ' '.join(['python'] + sys.argv)}, provenance=plan['provenance'],
+        overwrite=args.overwrite, remedy=REMEDY))
   return summaries
 
 
@@ -235,6 +270,8 @@ def main():
   parser.add_argument('--seed', type=int, default=0)
   parser.add_argument('--corpus_dir', default=None)
   parser.add_argument('--out', required=True)
+  parser.add_argument('--overwrite', action='store_true',
+                      help='discard the runs already in OUT/runs and measure them afresh')
   args = parser.parse_args()
   os.makedirs(args.out, exist_ok=True)
   (gamma_sweep if args.kind == 'gamma' else drafter_sweep)(args)

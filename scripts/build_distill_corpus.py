@@ -1,14 +1,22 @@
-"""Builds a distillation corpus: the local corpus with train targets replaced by the target model's greedy decodes.
+"""Builds a distillation corpus: the local corpus with train targets replaced by the target model's decodes.
 
-  python scripts/build_distill_corpus.py --model models/cpu/target --out data/distill_corpus
+  python scripts/build_distill_corpus.py --model models/cpu/target --out data/distill_greedy
+  python scripts/build_distill_corpus.py --model models/cpu/target --out data/distill_t1 --temperature 1
 
 A drafter only helps speculative decoding as far as it predicts the *target
 model*, on the target model's own prefixes (the drafter always continues what
 the target has emitted). Training the drafter on the target's greedy outputs
 (sequence-level distillation, Kim & Rush 2016), together with the word-level
 KL to the target (`train.train(teacher_dir=...)`), trains it on exactly those
-prefixes. Validation and test splits are copied unchanged (they are scored
+prefixes. Greedy decodes (`--temperature 0`) serve greedy speculative decoding;
+samples at temperature 1 (`--temperature 1`, one per input, seeded per batch)
+cover the target's distribution, which sampled speculative decoding verifies
+against. Validation and test splits are copied unchanged (they are scored
 against the references). Each train row keeps the reference as `gold_targets`.
+
+`manifest.json` records a fingerprint (model files' sha256, corpus manifest
+sha256, lengths, temperature, seed, max_examples): a re-run resumes finished
+tasks only when it matches, and refuses otherwise (`--overwrite` rebuilds).
 
 Inputs are decoded sorted by length in length buckets, so the short En→De
 inputs are not padded to the summarization length. Writes atomically; a
@@ -16,6 +24,7 @@ finished task directory is skipped on re-runs (resumable per task).
 """
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -43,8 +52,48 @@ def bucket_length(n: int, max_len: int) -> int:
   return max_len
 
 
+def file_sha256(path: str) -> str:
+  h = hashlib.sha256()
+  with open(path, 'rb') as f:
+    for chunk in iter(lambda: f.read(1 << 20), b''):
+      h.update(chunk)
+  return h.hexdigest()
+
+
+def fingerprint(model_dir, corpus_dir, lengths, temperature, seed, max_examples):
+  """What determines the corpus's content."""
+  model_files = {name: file_sha256(os.path.join(model_dir, name))
+                 for name in sorted(os.listdir(model_dir))
+                 if name in ('params.msgpack', 'counts.npz')}
+  corpus_manifest = os.path.join(corpus_dir, 'manifest.json')
+  return {'model_files': model_files,
+          'corpus_manifest': file_sha256(corpus_manifest) if os.path.exists(corpus_manifest) else None,
+          'lengths': dict(lengths), 'temperature': float(temperature), 'seed': int(seed),
+          'max_examples': max_examples}
+
+
+def check_resumable(out_dir, want, overwrite):
+  """Raises if `out_dir` holds a corpus built with other settings (unless `overwrite`, which clears it)."""
+  path = os.path.join(out_dir, 'manifest.json')
+  if not os.path.isdir(out_dir) or not os.listdir(out_dir):
+    return
+  have = None
+  if os.path.exists(path):
+    with open(path) as f:
+      have = json.load(f).get('fingerprint')
+  if have == want:
+    return
+  if overwrite:
+    shutil.rmtree(out_dir)
+    return
+  if have is None:
+    raise SystemExit(f'{out_dir} holds a corpus without a fingerprint: use a new --out or --overwrite.')
+  diff = ', '.join(f'{k}: {have.get(k)!r} -> {want[k]!r}' for k in want if have.get(k) != want[k])
+  raise SystemExit(f'{out_dir} was built with other settings ({diff}): use a new --out or --overwrite.')
+
+
 def distill_task(task_name, corpus_dir, out_dir, predict, params, lengths,
-                 batch_size, max_examples=None):
+                 batch_size, max_examples=None, temperature=0.0, seed=0):
   task_dir = TASK_DIRS[task_name]
   src = os.path.join(corpus_dir, task_dir, 'train.jsonl')
   with open(src, encoding='utf-8') as f:
@@ -68,7 +117,9 @@ def distill_task(task_name, corpus_dir, out_dir, predict, params, lengths,
       enc[row, :len(tokens)] = tokens
     batch = {'encoder_input_tokens': enc,
              'decoder_input_tokens': np.zeros((batch_size, lengths['targets']), np.int32)}
-    out, _ = predict(params, batch, None)
+    # One key per batch, from its first example's index: the same samples whatever --batch_size.
+    rng = jax.random.fold_in(jax.random.PRNGKey(seed), int(first)) if temperature else None
+    out, _ = predict(params, batch, rng)
     out = np.asarray(out)
     for row, i in enumerate(idx):
       decoded[i] = vocab.decode(out[row].tolist())
@@ -102,24 +153,38 @@ def main():
   parser.add_argument('--inputs_length', type=int, default=96)
   parser.add_argument('--targets_length', type=int, default=48)
   parser.add_argument('--max_examples', type=int, default=None)
+  parser.add_argument('--temperature', type=float, default=0.0,
+                      help='0: greedy decodes; 1: samples from the target')
+  parser.add_argument('--seed', type=int, default=0)
+  parser.add_argument('--overwrite', action='store_true',
+                      help='discard a corpus in --out built with other settings')
   args = parser.parse_args()
+  if args.temperature < 0:
+    raise SystemExit(f'--temperature must be >= 0, got {args.temperature}.')
   tasks.register_local_tasks(args.corpus)
   lengths = {'inputs': args.inputs_length, 'targets': args.targets_length}
   module, params = checkpoints.load_module_and_params(args.model)
   model = models.SpeculativeEncoderDecoderModel(module, None,
                                                 decode_fn=decoding.temperature_sample)
-  predict = model.compile_predict({'temperature': 0.0})
+  # topk=0: plain sampling (T5X's temperature_sample defaults to topk=1, i.e. greedy).
+  predict = model.compile_predict({'temperature': args.temperature, 'topk': 0})
+  want = fingerprint(args.model, args.corpus, lengths, args.temperature, args.seed, args.max_examples)
+  check_resumable(args.out, want, args.overwrite)
+  os.makedirs(args.out, exist_ok=True)
+  manifest = {'model': args.model, 'corpus': args.corpus, 'lengths': lengths,
+              'decoding': 'greedy' if args.temperature == 0 else f'sampled, temperature {args.temperature}',
+              'fingerprint': want,
+              'command': ' '.join(['python scripts/build_distill_corpus.py'] + sys.argv[1:])}
+  # Written first, so a killed run's finished tasks are resumable under the same fingerprint.
+  checkpoints.atomic_write(os.path.join(args.out, 'manifest.json'),
+                           json.dumps(manifest, indent=2).encode())
   for task_name in TASK_DIRS:
     marker = os.path.join(args.out, TASK_DIRS[task_name], 'train.jsonl')
     if os.path.exists(marker):
       print(f'{marker} exists: skipped (delete it to rebuild).')
       continue
     distill_task(task_name, args.corpus, args.out, predict, {'target': params},
-                 lengths, args.batch_size, args.max_examples)
-  manifest = {'model': args.model, 'corpus': args.corpus, 'lengths': lengths,
-              'decoding': 'greedy', 'command': ' '.join(['python'] + sys.argv)}
-  checkpoints.atomic_write(os.path.join(args.out, 'manifest.json'),
-                           json.dumps(manifest, indent=2).encode())
+                 lengths, args.batch_size, args.max_examples, args.temperature, args.seed)
 
 
 if __name__ == '__main__':

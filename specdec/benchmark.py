@@ -15,7 +15,8 @@ input shape is compiled and run once before it is timed). Reported (see `summari
 - the task's metrics (BLEU / ROUGE) of both decoders' outputs.
 
 Per-example results are appended to `examples.jsonl` as they finish, so an interrupted run resumes where it
-stopped; the summary is written as JSON, CSV (per example), Markdown and a plot.
+stopped; the summary is written as JSON, CSV (per example), Markdown and a plot. A run resumes only what the same
+configuration wrote (`fingerprint_fields`, recorded in fingerprint.json; `specdec.fingerprint`).
 """
 
 import dataclasses
@@ -35,6 +36,7 @@ import numpy as np
 from specdec import checkpoints
 from specdec import decoding
 from specdec import evaluation
+from specdec import fingerprint
 from specdec import models
 from specdec import partitioning
 from specdec import profiling
@@ -44,6 +46,11 @@ from specdec import theory
 # Input lengths are padded up to one of these (capped at the configured length), so short inputs do not pay
 # for the longest one; each bucket is compiled once and warmed up before timing.
 LENGTH_BUCKETS = (8, 16, 32, 64, 96, 128, 192, 256, 384, 512, 1024, 2048, 4096)
+# Bump when a code change makes examples.jsonl records written before it incomparable with new ones (a resumed run
+# must not mix them).
+RECORDS_VERSION = 1
+# What a run writes into its directory (`overwrite` discards exactly these, and the fingerprint).
+OUTPUT_FILES = ('examples.jsonl', 'benchmark.json', 'benchmark.csv', 'benchmark.md', 'benchmark.png')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,17 +187,42 @@ def resume_records(path: str) -> Dict[int, dict]:
   return done
 
 
+def devices_label(mesh=None) -> str:
+  """The accelerators a benchmark is timed on, e.g. 'cpu: 1 x cpu' (timings from other devices don't mix)."""
+  devices = jax.devices()
+  label = f'{jax.default_backend()}: {len(devices)} x {devices[0].device_kind}'
+  return label + (f', mesh {dict(mesh.shape)}' if mesh is not None else '')
+
+
+def fingerprint_fields(task_name: str, split: str, lengths: Mapping[str, int], setting: Setting,
+                       max_examples: Optional[int], drafter_name: str,
+                       provenance: Optional[Mapping[str, Any]] = None, mesh=None) -> Dict[str, Any]:
+  """What determines a benchmark run's per-example records (`specdec.fingerprint`).
+
+  `provenance`: fields identifying the models, from the caller that loaded them (checkpoint paths and content,
+  `fingerprint.checkpoint_fields`; dtype); a run without them is identified by its settings alone.
+  """
+  return dict(outputs='benchmark', code_version=RECORDS_VERSION, task=task_name, split=split,
+              feature_lengths=dict(lengths), max_examples=max_examples, drafter=drafter_name,
+              devices=devices_label(mesh), **dataclasses.asdict(setting), **dict(provenance or {}))
+
+
 def run(target_module, target_params, drafter_module, drafter_params, task_name: str, split: str,
         lengths: Mapping[str, int], setting: Setting, output_dir: str, max_examples: Optional[int] = None,
         drafter_name: str = 'drafter', log_every: int = 8, write_plot: bool = True,
         extra_info: Optional[Mapping[str, Any]] = None, mesh=None,
-        measure_in_loop: bool = True) -> Dict[str, Any]:
+        measure_in_loop: bool = True, provenance: Optional[Mapping[str, Any]] = None,
+        overwrite: bool = False, remedy: str = fingerprint.MAIN_REMEDY) -> Dict[str, Any]:
   """Benchmarks baseline vs speculative decoding on a task split; writes results into `output_dir`.
 
   With a ('data', 'model') `mesh` (`partitioning.make_mesh`) both decoders run sharded by T5X's rules
   (`partitioning.compile_predict_sharded`); otherwise jit on the default device. `measure_in_loop` also times
   one round phase by phase inside a compiled loop (`profiling.in_loop_costs`), so the summary shows c and the
   round's fixed cost as the loop pays them and the speedup they predict.
+
+  An earlier run in `output_dir` is resumed only if its fingerprint matches (`fingerprint_fields` with
+  `provenance`; max_examples may grow), else `fingerprint.ResumeRefused` ending with `remedy`; `overwrite`
+  discards it first.
 
   Returns the summary (also written to `output_dir/benchmark.json`).
   """
@@ -202,7 +234,9 @@ def run(target_module, target_params, drafter_module, drafter_params, task_name:
                      f'drafter vocab_size={_vocab_size(drafter_module)}.')
   task = seqio.get_mixture_or_task(task_name)
   vocab = task.output_features['targets'].vocabulary
-  os.makedirs(output_dir, exist_ok=True)
+  recorded = fingerprint.prepare(
+      output_dir, fingerprint_fields(task_name, split, lengths, setting, max_examples, drafter_name, provenance,
+                                     mesh), OUTPUT_FILES, overwrite, remedy)
   examples = evaluation.task_examples(task_name, split, lengths, max_examples)
   if not examples:
     raise ValueError(f'{task_name}:{split} gave no examples.')
@@ -319,7 +353,7 @@ def run(target_module, target_params, drafter_module, drafter_params, task_name:
       task=task_name, split=split, drafter=drafter_name, lengths=dict(lengths),
       setting=dataclasses.asdict(setting), quality=quality, costs=costs,
       machine=machine_info(), date=datetime.datetime.now().isoformat(timespec='seconds'),
-      command=run_command(), **dict(extra_info or {}))
+      command=run_command(), fingerprint=recorded, **dict(extra_info or {}))
   write_outputs(output_dir, summary, records, write_plot)
   return summary
 

@@ -1,10 +1,14 @@
 """Model files: the compact format, Orbax, T5X and Hugging Face checkpoints.
 
 Compact format (one directory per model, the shipped CPU models):
-  config.json      the `network.T5Config` fields (dtype by name)
+  config.json      the `network.T5Config` fields (dtype by name), and
+                   "files": {"params.msgpack": "<sha256>"}
   params.msgpack   the T5X-shaped param tree, stored in `storage_dtype`
                    (bfloat16 by default) with flax.serialization
-Loading casts back to float32. Writes are atomic (temp file, then rename).
+Loading casts back to float32 and checks the recorded sha256 (a directory
+saved before hashes existed has no "files" and loads unchecked); a damaged,
+truncated or modified file raises ValueError naming it. Writes are atomic
+(temp file, then rename).
 
 One entry point reads params of any format onto devices, each device reading
 only its shard (`restore_params`; see docs/checkpoints.md):
@@ -19,11 +23,12 @@ only its shard (`restore_params`; see docs/checkpoints.md):
 
 import dataclasses
 import functools
+import hashlib
 import json
 import os
 import re
 import tempfile
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 import flax
 import jax
@@ -38,6 +43,8 @@ from specdec import t5x_checkpoint
 PyTree = Any
 CONFIG_FILE = 'config.json'
 PARAMS_FILE = 'params.msgpack'
+# config.json field {file name: sha256 hex of its bytes}, checked on load.
+FILES_FIELD = 'files'
 
 
 def atomic_write(path: str, data: bytes) -> None:
@@ -65,40 +72,115 @@ def config_from_dict(fields: dict) -> network.T5Config:
   return network.T5Config(**fields)
 
 
+def sha256_hex(data: bytes) -> str:
+  return hashlib.sha256(data).hexdigest()
+
+
+def read_json_meta(path: str) -> dict:
+  """A model's config.json as a dict; ValueError naming the file if damaged."""
+  if not os.path.exists(path):
+    raise FileNotFoundError(f'No model config at {path}.')
+  try:
+    with open(path, 'rb') as f:
+      meta = json.loads(f.read().decode('utf-8'))
+  except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise ValueError(f'{path}: damaged or incomplete config file ({e}).') from e
+  if not isinstance(meta, dict):
+    raise ValueError(f'{path}: damaged config file (a JSON {type(meta).__name__}, '
+                     'expected an object).')
+  return meta
+
+
+def read_verified(directory: str, name: str, meta: Mapping[str, Any]) -> bytes:
+  """The bytes of `directory/name`, checked against meta['files'][name].
+
+  A model saved before hashes were recorded (no entry) is read unchecked.
+  """
+  path = os.path.join(directory, name)
+  if not os.path.exists(path):
+    raise FileNotFoundError(f'No {name} at {path}.')
+  with open(path, 'rb') as f:
+    data = f.read()
+  recorded = (meta.get(FILES_FIELD) or {}).get(name)
+  if recorded is not None and sha256_hex(data) != recorded:
+    raise ValueError(
+        f'{path}: damaged, truncated or modified file (sha256 '
+        f'{sha256_hex(data)[:16]}..., {CONFIG_FILE} records {recorded[:16]}...).')
+  return data
+
+
+def record_file_hashes(directory: str, names: Sequence[str]) -> dict:
+  """Writes the sha256 of each `names` file into directory/config.json.
+
+  For models saved before hashes were recorded (and after a deliberate edit
+  of a model file). Returns the updated metadata.
+  """
+  path = os.path.join(directory, CONFIG_FILE)
+  meta = read_json_meta(path)
+  files = dict(meta.get(FILES_FIELD) or {})
+  for name in names:
+    with open(os.path.join(directory, name), 'rb') as f:
+      files[name] = sha256_hex(f.read())
+  meta[FILES_FIELD] = files
+  atomic_write(path, json.dumps(meta, indent=2, sort_keys=True).encode())
+  return meta
+
+
 def save_compact(directory: str, config: network.T5Config, params: PyTree,
                  storage_dtype=jnp.bfloat16, extra: Optional[dict] = None) -> None:
-  """Writes config.json (+ `extra` metadata) and params.msgpack."""
+  """Writes params.msgpack, then config.json (+ `extra` metadata, its sha256)."""
   stored = jax.tree_util.tree_map(
       lambda x: np.asarray(jnp.asarray(x, storage_dtype)), params)
+  data = flax.serialization.msgpack_serialize(flax.core.unfreeze(stored))
   meta = {'config': config_to_dict(config),
-          'storage_dtype': jnp.dtype(storage_dtype).name}
+          'storage_dtype': jnp.dtype(storage_dtype).name,
+          FILES_FIELD: {PARAMS_FILE: sha256_hex(data)}}
   if extra:
     clash = set(extra) & set(meta)
     if clash:
       raise ValueError(f'extra metadata may not replace {sorted(clash)}.')
     meta.update(extra)
-  atomic_write(os.path.join(directory, PARAMS_FILE),
-                flax.serialization.msgpack_serialize(flax.core.unfreeze(stored)))
+  atomic_write(os.path.join(directory, PARAMS_FILE), data)
   atomic_write(os.path.join(directory, CONFIG_FILE),
                 json.dumps(meta, indent=2, sort_keys=True).encode())
 
 
+def _config_of(meta: Mapping[str, Any], path: str) -> network.T5Config:
+  if not isinstance(meta.get('config'), dict):
+    raise ValueError(f"{path}: no 'config' object (has {sorted(meta)}): not a "
+                     "compact model's config.json, or a damaged one.")
+  try:
+    return config_from_dict(meta['config'])
+  except (TypeError, ValueError) as e:  # missing / unknown / invalid fields
+    raise ValueError(f'{path}: {e}') from e
+
+
 def load_config(directory: str) -> network.T5Config:
   path = os.path.join(directory, CONFIG_FILE)
-  if not os.path.exists(path):
-    raise FileNotFoundError(f'No model config at {path}.')
-  with open(path) as f:
-    return config_from_dict(json.load(f)['config'])
+  return _config_of(read_json_meta(path), path)
+
+
+def _read_compact(directory: str) -> Tuple[network.T5Config, PyTree]:
+  """(config, stored params tree) of a compact model, hash-checked."""
+  config_path = os.path.join(directory, CONFIG_FILE)
+  meta = read_json_meta(config_path)
+  config = _config_of(meta, config_path)
+  path = os.path.join(directory, PARAMS_FILE)
+  data = read_verified(directory, PARAMS_FILE, meta)
+  try:
+    stored = flax.serialization.msgpack_restore(data)
+  except Exception as e:  # pylint: disable=broad-except  (msgpack's many errors)
+    raise ValueError(f'{path}: damaged or truncated params file ({e}).') from e
+  if not isinstance(stored, dict):
+    raise ValueError(f'{path}: damaged params file (holds a '
+                     f'{type(stored).__name__}, not a param tree).')
+  return config, stored
 
 
 def load_compact(directory: str) -> Tuple[network.T5Config, PyTree]:
   """Reads a compact model: (config, float32 params), checking the tree."""
-  config = load_config(directory)
+  config, stored = _read_compact(directory)
   path = os.path.join(directory, PARAMS_FILE)
-  if not os.path.exists(path):
-    raise FileNotFoundError(f'No params at {path}.')
-  with open(path, 'rb') as f:
-    stored = flax.serialization.msgpack_restore(f.read())
   params = jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), stored)
   expected = jax.eval_shape(
       lambda: network.init_params(config, jax.random.PRNGKey(0)))
@@ -290,12 +372,8 @@ def _compact_leaves(directory: str, config: network.T5Config) -> Dict[str, Any]:
           if getattr(stored, k) != getattr(config, k)]
   if diff:
     raise ValueError(f'Config does not match {directory}: ' + '; '.join(diff))
-  path = os.path.join(directory, PARAMS_FILE)
-  if not os.path.exists(path):
-    raise FileNotFoundError(f'No params at {path}.')
-  with open(path, 'rb') as f:
-    return {k: np.asarray(v) for k, v in
-            _flat(flax.serialization.msgpack_restore(f.read())).items()}
+  _, stored = _read_compact(directory)
+  return {k: np.asarray(v) for k, v in _flat(stored).items()}
 
 
 def _orbax_metadata_tree(item_dir: str) -> PyTree:

@@ -729,9 +729,38 @@ def write_jsonl(path: str, rows: Iterable[Mapping[str, object]]) -> str:
   return _atomic_write_bytes(path, jsonl_bytes(rows))
 
 
+def iter_jsonl_rows(lines: Iterable[bytes], where: str
+                    ) -> Iterator[Dict[str, object]]:
+  """The JSON objects of JSON Lines given as raw byte lines; blank lines skipped.
+
+  A line that is not UTF-8, not JSON or not an object raises ValueError
+  naming `where` and the 1-based line number.
+  """
+  for line_no, line in enumerate(lines, start=1):
+    if not line.strip():
+      continue
+    try:
+      row = json.loads(line.decode("utf-8"))
+    except UnicodeDecodeError as e:
+      raise ValueError(f"{where}:{line_no}: not UTF-8 ({e.reason} at byte "
+                       f"{e.start} of the line): the file is damaged or was "
+                       "not written by scripts/build_corpus.py") from None
+    except json.JSONDecodeError as e:
+      raise ValueError(f"{where}:{line_no}: not valid JSON ({e})") from None
+    if not isinstance(row, dict):
+      raise ValueError(f"{where}:{line_no}: a JSON {type(row).__name__}, "
+                       "expected an object (one row per line)")
+    yield row
+
+
+def count_jsonl_rows(lines: Iterable[bytes], where: str) -> int:
+  """Checks every line (see iter_jsonl_rows); returns the number of rows."""
+  return sum(1 for _ in iter_jsonl_rows(lines, where))
+
+
 def read_jsonl(path: str) -> List[Dict[str, object]]:
-  with open(path, encoding="utf-8") as f:
-    return [json.loads(line) for line in f]
+  with open(path, "rb") as f:
+    return list(iter_jsonl_rows(f, path))
 
 
 def build_corpora(lists_dir: str,

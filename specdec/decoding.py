@@ -62,6 +62,9 @@ def _validate_common(inputs, eos_id, num_decodes, temperature, topk, topp,
     raise ValueError(f'inputs must be [batch, length], got shape {inputs.shape}.')
   if not jnp.issubdtype(inputs.dtype, jnp.integer):
     raise ValueError(f'inputs must hold integer token ids, got {inputs.dtype}.')
+  if 0 in inputs.shape:
+    raise ValueError(f'inputs is empty (shape {tuple(inputs.shape)}): decoding needs '
+                     '>= 1 row and >= 1 position.')
   if not isinstance(eos_id, (int, np.integer)) or eos_id < 0:
     raise ValueError(f'eos_id must be an int >= 0, got {eos_id!r}.')
   if not isinstance(num_decodes, (int, np.integer)) or num_decodes < 1:
@@ -167,8 +170,12 @@ def temperature_sample(
   """Temperature sampling, one target call per token (T5X's signature).
 
   Args:
-    inputs: [B, L] int decoder prompt; inputs[:, 0] is ignored (BOS = 0 is
-      fed), non-zero entries are teacher-forced.
+    inputs: [B, L] int decoder prompt (B, L >= 1); inputs[:, 0] is ignored
+      (BOS = 0 is fed), non-zero entries are teacher-forced. Ids must lie in
+      [0, vocab_size): the loop cannot check them (it does not know the
+      vocabulary), and an out-of-range id silently reads no embedding.
+      `models.SpeculativeEncoderDecoderModel` checks its batches, also under
+      jit.
     cache: the model's decoding cache (batch on axis `cache_offset`).
     tokens_to_logits: see the module docstring; called with k = 1.
     eos_id: end-of-sequence id.
@@ -705,7 +712,9 @@ def speculative_sample(
   `temperature_sample`'s token for token; sampled outputs have its
   distribution exactly (lenience = 1).
 
-  Arguments are `temperature_sample`'s, plus:
+  Arguments are `temperature_sample`'s (prompt ids in `inputs` are checked
+  against the vocabulary when `inputs` is concrete, not under a caller's jit),
+  plus:
     draft_cache, draft_tokens_to_logits: the drafter's; both models follow the
       multi-token contract (module docstring) and share one vocabulary.
     gamma: drafts per iteration (γ >= 1), the most with adaptive drafting.
@@ -758,6 +767,12 @@ def speculative_sample(
         f'Vocabulary mismatch: the target gives {target_shape[-1]} logits per '
         f'token, the drafter (draft_tokens_to_logits) {draft_shape[-1]}. '
         'Speculative decoding needs one shared vocabulary.')
+  # Concrete prompts are checked here; traced ones cannot be (see the docstring).
+  if not isinstance(inputs, jax.core.Tracer) and getattr(inputs, 'is_fully_addressable', True):
+    concrete = np.asarray(inputs)
+    if concrete.min() < 0 or concrete.max() >= target_shape[-1]:
+      raise ValueError(f'inputs holds ids outside [0, {target_shape[-1]}) (the '
+                       "target's vocabulary).")
 
   inputs = _expand(inputs, num_decodes).astype(jnp.int32)
   cache = expand_cache(cache, num_decodes, cache_offset)

@@ -1,8 +1,17 @@
-"""T5X-style command-line flags for gin: `--gin_file=PATH` and `--gin.NAME=VALUE`."""
+"""T5X-style command-line flags for gin: `--gin_file=PATH` and `--gin.NAME=VALUE`.
 
+A command-line binding that would change nothing is an error, not a silent no-op: a macro no gin file references
+(`--gin.GAMA=3` for GAMMA), an unknown configurable or parameter. Each such error, and a macro left unset, is one
+line (`GinConfigError`) naming the binding and the closest known name.
+"""
+
+import difflib
 import importlib.util
+import inspect
 import os
-from typing import List, Sequence, Tuple
+import re
+import tokenize
+from typing import Iterable, List, Optional, Sequence, Set, Tuple
 
 import gin
 
@@ -70,8 +79,103 @@ def _patch_gin_package_reader() -> None:
       readers[i] = (reader, _package_file_exists)
 
 
+class GinConfigError(ValueError):
+  """A gin binding or config that cannot take effect (one line, naming it and the closest known name)."""
+
+
+def _did_you_mean(name: str, known: Iterable[str]) -> str:
+  close = difflib.get_close_matches(name, sorted(set(known)), n=1, cutoff=0.6)
+  return f' (did you mean {close[0]}?)' if close else ''
+
+
+def _binding_name(binding: str) -> Optional[str]:
+  """The bound name of `NAME = value` / `scope/a.b.param = value`; None for other statements (include, import)."""
+  head, sep, _ = binding.partition('=')
+  name = head.strip()
+  return name if sep and re.fullmatch(r'[\w./]+', name) else None
+
+
+def _is_macro(name: str) -> bool:
+  return re.fullmatch(r'[A-Za-z_]\w*', name) is not None
+
+
+# gin keeps the parsed bindings in gin.config._CONFIG: {(scope, selector): {parameter: value}}; a macro NAME is
+# bound as (NAME, 'gin.macro') and referenced as `%NAME`, a reference to scope NAME of gin.macro.
+def _referenced_macros() -> Set[str]:
+  """The macros the parsed config refers to (`%NAME` anywhere in a binding's value)."""
+  config = gin.config._CONFIG  # pylint: disable=protected-access
+  macro_refs = gin.config.iterate_references(config, to=gin.get_configurable(gin.config.macro))
+  return {ref.scoped_selector.rsplit('/', 1)[0] for ref in macro_refs}
+
+
+def _bound_macros() -> Set[str]:
+  config = gin.config._CONFIG  # pylint: disable=protected-access
+  return {scope for scope, selector in config if selector == 'gin.macro'}
+
+
+def _known_configurables() -> Set[str]:
+  """Every registered configurable's selector and its dotted suffixes ('specdec.main.run', 'main.run', 'run')."""
+  names = set()
+  for selector, _ in gin.config._REGISTRY.items():  # pylint: disable=protected-access
+    parts = selector.split('.')
+    names.update('.'.join(parts[i:]) for i in range(len(parts)))
+  return names
+
+
+def _known_parameters(selector: str) -> List[str]:
+  try:
+    configurable = gin.config._REGISTRY.get_match(selector)  # pylint: disable=protected-access
+    return list(inspect.signature(configurable.wrapped).parameters) if configurable else []
+  except (TypeError, ValueError):
+    return []
+
+
+def _explain_binding_error(binding: str, error: Exception) -> str:
+  """gin's error for one command-line binding, as one line with the closest known name."""
+  text = error.args[0] if isinstance(error, tokenize.TokenError) and error.args else str(error)
+  first = text.splitlines()[0] if text else type(error).__name__
+  unknown = re.match(r"No configurable matching '([^']+)'", first)
+  if unknown:
+    return (f"binding '{binding}': no configurable {unknown.group(1)} in these gin files"
+            f'{_did_you_mean(unknown.group(1), _known_configurables())}.')
+  no_param = re.match(r"Configurable '([^']+)' doesn't have a parameter named '([^']+)'", first)
+  if no_param:
+    selector, param = no_param.groups()
+    return (f"binding '{binding}': {selector} has no parameter {param}"
+            f'{_did_you_mean(param, _known_parameters(selector))}.')
+  if isinstance(error, (SyntaxError, tokenize.TokenError)):
+    return f"binding '{binding}': its value is not a gin value ({first})."
+  return f"binding '{binding}': {first}"
+
+
+def _check_macros_used(bindings: Sequence[str]) -> None:
+  """Refuses a macro binding no parsed gin file references: it would change nothing (typically a typo)."""
+  referenced = _referenced_macros()
+  for binding in bindings:
+    name = _binding_name(binding)
+    if name and _is_macro(name) and name not in referenced:
+      raise GinConfigError(f"binding '{binding}': no gin file uses macro {name}, so it would change nothing"
+                           f'{_did_you_mean(name, referenced)}.')
+
+
+def _finalize() -> None:
+  """gin.finalize, with an unset macro said in one line (gin appends the whole config)."""
+  try:
+    gin.finalize()
+  except ValueError as e:
+    unset = re.match(r"No bindings specified for '([^']+)/gin\.macro'", str(e))
+    if not unset:
+      raise
+    name = unset.group(1)
+    raise GinConfigError(f'macro {name} is used but never set: bind it, e.g. --gin.{name}=VALUE'
+                         f'{_did_you_mean(name, _bound_macros())}.') from None
+
+
 def parse(files: Sequence[str], bindings: Sequence[str]) -> None:
-  """Parses gin files (looked up as given, then under the repo's gin/)."""
+  """Parses gin files (looked up as given, then under the repo's gin/), then the command line's bindings.
+
+  Raises GinConfigError for a binding that cannot take effect or a macro left unset (see the module docstring).
+  """
   _patch_gin_package_reader()
   gin.add_config_file_search_path(REPO_GIN_DIR)
   resolved = []
@@ -82,4 +186,11 @@ def parse(files: Sequence[str], bindings: Sequence[str]) -> None:
       resolved.append(os.path.join(REPO_GIN_DIR, f))
     else:
       raise FileNotFoundError(f'gin file not found: {f} (also looked in {REPO_GIN_DIR}).')
-  gin.parse_config_files_and_bindings(resolved, list(bindings))
+  gin.parse_config_files_and_bindings(resolved, [], finalize_config=False)
+  for binding in bindings:  # one at a time, so an error names its binding
+    try:
+      gin.parse_config(binding)
+    except (ValueError, SyntaxError, tokenize.TokenError) as e:
+      raise GinConfigError(_explain_binding_error(binding, e)) from None
+  _check_macros_used(bindings)
+  _finalize()

@@ -37,6 +37,7 @@ unscaled -> `logits_dense`, from `lm_head.weight` when the file has it, else
 from the (tied) `shared.weight`, which is what `transformers` does.
 """
 
+import contextlib
 import json
 import os
 from typing import Any, Dict, Mapping, Optional, Tuple, Union
@@ -73,8 +74,33 @@ def read_hf_config(path: str) -> dict:
   file = os.path.join(path, CONFIG_FILE) if os.path.isdir(path) else path
   if not os.path.isfile(file):
     raise FileNotFoundError(f'No Hugging Face config at {file}.')
-  with open(file) as f:
-    return json.load(f)
+  return _read_json(file)
+
+
+def _read_json(file: str) -> dict:
+  """A JSON object from `file`; ValueError naming the file if damaged."""
+  try:
+    with open(file, 'rb') as f:
+      value = json.loads(f.read().decode('utf-8'))
+  except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise ValueError(f'{file}: damaged or incomplete JSON file ({e}).') from e
+  if not isinstance(value, dict):
+    raise ValueError(f'{file}: damaged JSON file (a {type(value).__name__}, '
+                     'expected an object).')
+  return value
+
+
+@contextlib.contextmanager
+def _safe_open(file: str):
+  """safetensors.safe_open, with a damaged file named in a ValueError."""
+  try:
+    handle = safetensors.safe_open(file, framework='numpy')
+  except Exception as e:  # pylint: disable=broad-except  (SafetensorError, OSError)
+    if isinstance(e, FileNotFoundError):
+      raise
+    raise ValueError(f'{file}: damaged or truncated safetensors file ({e}).') from e
+  with handle as f:
+    yield f
 
 
 def scales_decoder_output(hf_config: Mapping[str, Any]) -> bool:
@@ -221,8 +247,7 @@ def weight_files(directory: str) -> Dict[str, str]:
   index = os.path.join(directory, INDEX_FILE)
   single = os.path.join(directory, WEIGHTS_FILE)
   if os.path.isfile(index):
-    with open(index) as f:
-      weight_map = json.load(f).get('weight_map')
+    weight_map = _read_json(index).get('weight_map')
     if not isinstance(weight_map, dict):
       raise ValueError(f'{index} has no weight_map.')
     files = {name: os.path.join(directory, file)
@@ -233,7 +258,7 @@ def weight_files(directory: str) -> Dict[str, str]:
                               f'{missing}.')
     return files
   if os.path.isfile(single):
-    with safetensors.safe_open(single, framework='numpy') as f:
+    with _safe_open(single) as f:
       return {name: single for name in f.keys()}
   others = [n for n in os.listdir(directory)
             if n.endswith(('.bin', '.h5', '.msgpack'))] if os.path.isdir(
@@ -259,7 +284,7 @@ class SafetensorsLeaf:
   def __init__(self, file: str, name: str, transposed: bool):
     self.file, self.name, self.transposed = file, name, transposed
     self.where = f'{file}:{name}'
-    with safetensors.safe_open(file, framework='numpy') as f:
+    with _safe_open(file) as f:
       tensor = f.get_slice(name)
       shape = tuple(int(n) for n in tensor.get_shape())
       self.dtype = _numpy_dtype(tensor.get_dtype())
@@ -270,7 +295,7 @@ class SafetensorsLeaf:
   def __getitem__(self, index) -> np.ndarray:
     index = tuple(index) if isinstance(index, tuple) else (index,)
     index += (slice(None),) * (len(self.shape) - len(index))
-    with safetensors.safe_open(self.file, framework='numpy') as f:
+    with _safe_open(self.file) as f:
       tensor = f.get_slice(self.name)
       if self.transposed:
         return np.asarray(tensor[index[1], index[0]]).T
@@ -286,7 +311,7 @@ def _check_tied(files: Mapping[str, str]) -> None:
   """
   rows = []
   for name in ('shared.weight', 'lm_head.weight'):
-    with safetensors.safe_open(files[name], framework='numpy') as f:
+    with _safe_open(files[name]) as f:
       rows.append(np.asarray(f.get_slice(name)[0:1]))
   if rows[0].shape != rows[1].shape or not np.array_equal(rows[0], rows[1]):
     raise ValueError(

@@ -14,6 +14,12 @@ Modes of `run` (`main.run.mode`):
 - 'eval': 'infer' plus the task's seqio metrics (metrics.json);
 - 'benchmark': `specdec.benchmark.run` (baseline vs speculative in one run, see that module);
 - 'table': several benchmark rows (`rows`), one subdirectory each, then a table beside the paper's numbers.
+
+A rerun into the same OUTPUT_DIR resumes, but only what the same configuration wrote: each output directory records
+a fingerprint (task, split, checkpoints and their contents, decoding settings, lengths, seed, batch size, kind of
+output; `specdec.fingerprint`) and a rerun that differs is refused with the differing fields named. max_examples
+may grow (the run is extended), not shrink. `--gin.main.run.overwrite=True` discards the old outputs instead.
+Errors in the command line's gin bindings and refused resumes end the command with one line.
 """
 
 import contextlib
@@ -30,10 +36,57 @@ import gin
 import jax
 import numpy as np
 
-from specdec import benchmark
+
+@contextlib.contextmanager
+def _stderr_to_devnull():
+  """Points file descriptor 2 at /dev/null (C++ libraries write there directly, past sys.stderr)."""
+  sys.stderr.flush()
+  saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+  os.dup2(devnull, 2)
+  try:
+    yield
+  finally:
+    os.dup2(saved, 2)
+    os.close(saved)
+    os.close(devnull)
+
+
+def _import_tensorflow_quietly() -> None:
+  """Imports TensorFlow (seqio's input pipeline, the project's only use of it) kept off accelerators and quiet.
+
+  TF prints start-up noise (oneDNN banners, "failed call to cuInit", cache_dataset_ops warnings) that says nothing
+  about this project. Its C++ log level is read once, so it is raised only while TF loads and lists its devices,
+  then put back for JAX (which reads the same variable, TF_CPP_MIN_LOG_LEVEL). TF is kept off GPUs so it never
+  takes accelerator memory from JAX. SPECDEC_TF_LOGS=1 shows everything.
+  """
+  if 'tensorflow' in sys.modules or os.environ.get('SPECDEC_TF_LOGS') == '1':
+    return
+  level = os.environ.get('TF_CPP_MIN_LOG_LEVEL')
+  os.environ['TF_CPP_MIN_LOG_LEVEL'] = '3'
+  try:
+    with _stderr_to_devnull():  # the banners printed while TF's libraries load ignore the log level
+      import tensorflow as tf  # pylint: disable=g-import-not-at-top
+      # seqio loads more of TF's libraries (text ops), and each reads the level as it loads.
+      import seqio  # pylint: disable=g-import-not-at-top,unused-import
+      try:
+        tf.config.set_visible_devices([], 'GPU')
+      except RuntimeError:  # TF's devices are already initialised (TF was used before): leave them
+        pass
+  finally:
+    if level is None:
+      os.environ.pop('TF_CPP_MIN_LOG_LEVEL', None)
+    else:
+      os.environ['TF_CPP_MIN_LOG_LEVEL'] = level
+  tf.get_logger().setLevel('ERROR')  # TF's Python-side deprecation warnings
+
+
+_import_tensorflow_quietly()  # before specdec's modules import seqio, and with it TF
+
+from specdec import benchmark  # pylint: disable=g-import-not-at-top,wrong-import-position
 from specdec import checkpoints
 from specdec import decoding
 from specdec import evaluation
+from specdec import fingerprint
 from specdec import gin_utils
 from specdec import models
 from specdec import network
@@ -44,6 +97,11 @@ from specdec import tasks
 
 DEFAULT_GIN_FILE = 'experiments/cpu/main_job.gin'
 MODES = ('infer', 'eval', 'benchmark', 'table')
+# Bump when a code change makes predictions.jsonl records written before it incomparable with new ones.
+PREDICTIONS_VERSION = 1
+# What each kind of run writes into OUTPUT_DIR (overwrite=True discards exactly these, and the fingerprint).
+PREDICTION_FILES = ('predictions.jsonl', 'statistics.json', 'metrics.json')
+TABLE_FILES = ('table.md', 'table.json')
 
 
 def load_network(checkpoint: str, config: Optional[network.T5Config] = None, dtype: Optional[str] = None,
@@ -227,7 +285,8 @@ def run(output_dir: str = gin.REQUIRED,
         corpus_dir: Optional[str] = None,
         vocab_path: Optional[str] = None,
         dtype: Optional[str] = None,
-        num_partitions: Optional[int] = None) -> Dict[str, Any]:
+        num_partitions: Optional[int] = None,
+        overwrite: bool = False) -> Dict[str, Any]:
   """Runs one experiment (see the module docstring for the modes); returns its summary.
 
   Args (all gin-bindable as `main.run.NAME`):
@@ -246,6 +305,8 @@ def run(output_dir: str = gin.REQUIRED,
     corpus_dir, vocab_path: where the local corpus / the paper's tasks' vocabulary live.
     dtype: parameter dtype for T5X / Hugging Face / Orbax checkpoints (e.g. 'bfloat16').
     num_partitions: model-parallel size of a ('data', 'model') mesh over all devices; None: one device.
+    overwrite: discard what an earlier run wrote into output_dir and start afresh (without it a rerun resumes,
+      and only a run of the same configuration: `fingerprint.ResumeRefused` otherwise).
   """
   if mode not in MODES:
     raise ValueError(f'mode must be one of {MODES}, got {mode!r}.')
@@ -270,48 +331,106 @@ def run(output_dir: str = gin.REQUIRED,
   with local_output_dir(output_dir) as local_dir:
     return _execute(local_dir, mode, task, split, lengths, setting, target_checkpoint, drafter_checkpoint,
                     target_config, drafter_config, drafter_name, max_examples, rows, table_name, corpus_dir,
-                    vocab_path, dtype, mesh)
+                    vocab_path, dtype, mesh, overwrite)
+
+
+def provenance(target_checkpoint: str, drafter_checkpoint: Optional[str], target_config=None,
+               drafter_config=None, dtype: Optional[str] = None) -> Dict[str, Any]:
+  """The fingerprint fields that identify the models: checkpoint paths and contents, gin-given configs, dtype."""
+  return {**fingerprint.checkpoint_fields('target', target_checkpoint),
+          **fingerprint.checkpoint_fields('drafter', drafter_checkpoint),
+          'target_config': fingerprint.short_digest(target_config),
+          'drafter_config': fingerprint.short_digest(drafter_config), 'dtype': dtype}
+
+
+def predictions_fingerprint(task: str, split: str, lengths: Mapping[str, int], setting: benchmark.Setting,
+                            max_examples: Optional[int], drafter_name: str,
+                            models_fields: Mapping[str, Any]) -> Dict[str, Any]:
+  """What determines predictions.jsonl ('infer' and 'eval' share it: 'eval' may score an 'infer' run)."""
+  speculative = models_fields.get('drafter_checkpoint') is not None
+  return dict(outputs='predictions', code_version=PREDICTIONS_VERSION, task=task, split=split,
+              feature_lengths=dict(lengths), max_examples=max_examples, drafter=drafter_name,
+              temperature=setting.temperature, topk=setting.topk, topp=setting.topp,
+              # γ and adaptive drafting leave a baseline decode (no drafter) unchanged.
+              gamma=setting.gamma if speculative else None,
+              draft_confidence=setting.draft_confidence if speculative else None,
+              batch_size=setting.batch_size, seed=setting.seed, length_buckets=setting.length_buckets,
+              **models_fields)
+
+
+def _refuse_if_mismatched(output_dir: str, expected: Mapping[str, Any], owned: Sequence[str],
+                          overwrite: bool) -> None:
+  """Fails before any model loads when output_dir holds another configuration's outputs (overwrite: later)."""
+  reason = None if overwrite else fingerprint.problem(output_dir, expected, owned)
+  if reason:
+    raise fingerprint.ResumeRefused(reason)
+
+
+def _table_row_name(row: Row) -> str:
+  return (f'{row.task}_{row.drafter}_t{row.temperature:g}_g{row.gamma}'
+          + (f'_conf{row.draft_confidence:g}' if row.draft_confidence else ''))
 
 
 def _execute(output_dir, mode, task, split, lengths, setting, target_checkpoint, drafter_checkpoint,
              target_config, drafter_config, drafter_name, max_examples, rows, table_name, corpus_dir, vocab_path,
-             dtype, mesh):
+             dtype, mesh, overwrite=False):
   """`run` after its checks, writing into the local directory `output_dir`."""
   register_tasks(corpus_dir, vocab_path)
   print(f'specdec {mode}: task {task}:{split}, output {output_dir}'
         + (f', mesh {dict(mesh.shape)}' if mesh is not None else ''), flush=True)
 
-  target_module, target_params = load_network(target_checkpoint, target_config, dtype, mesh)
   if mode == 'table':
-    summaries = []
+    plans = []  # (row, its directory, drafter checkpoint, setting, model fields); all checked before loading
     for row in rows:
-      name = (f'{row.task}_{row.drafter}_t{row.temperature:g}_g{row.gamma}'
-              + (f'_conf{row.draft_confidence:g}' if row.draft_confidence else ''))
       # Without a checkpoint, a row's drafter is a sibling of the target (the shipped family's layout).
       drafter_dir = row.drafter_checkpoint or os.path.join(os.path.dirname(os.path.normpath(target_checkpoint)),
                                                            row.drafter)
-      drafter_module, drafter_params = load_network(drafter_dir, drafter_config, dtype, mesh)
       row_setting = dataclasses.replace(setting, gamma=row.gamma, temperature=row.temperature,
                                         draft_confidence=row.draft_confidence)
+      row_provenance = provenance(target_checkpoint, drafter_dir, target_config, drafter_config, dtype)
+      row_dir = os.path.join(output_dir, _table_row_name(row))
+      _refuse_if_mismatched(row_dir, benchmark.fingerprint_fields(
+          row.task, split, lengths, row_setting, max_examples, row.drafter, row_provenance, mesh),
+                            benchmark.OUTPUT_FILES, overwrite)
+      plans.append((row, row_dir, drafter_dir, row_setting, row_provenance))
+    # The table itself is rewritten from its rows on every run; its fingerprint keeps other modes out.
+    fingerprint.prepare(output_dir, {'outputs': 'table'}, TABLE_FILES, overwrite)
+    target_module, target_params = load_network(target_checkpoint, target_config, dtype, mesh)
+    summaries = []
+    for row, row_dir, drafter_dir, row_setting, row_provenance in plans:
+      drafter_module, drafter_params = load_network(drafter_dir, drafter_config, dtype, mesh)
       summaries.append(benchmark.run(
           target_module, target_params, drafter_module, drafter_params, row.task, split, lengths,
-          row_setting, os.path.join(output_dir, name), max_examples, drafter_name=row.drafter, mesh=mesh))
+          row_setting, row_dir, max_examples, drafter_name=row.drafter, mesh=mesh, provenance=row_provenance,
+          overwrite=overwrite))
     text = tables.table2_markdown(summaries, title=table_name)
     checkpoints.atomic_write(os.path.join(output_dir, 'table.md'), text.encode())
     checkpoints.atomic_write(os.path.join(output_dir, 'table.json'), json.dumps(summaries, indent=2).encode())
     print(text, flush=True)
     return {'rows': summaries}
 
+  drafter_name = ((drafter_name or os.path.basename(os.path.normpath(drafter_checkpoint)))
+                  if drafter_checkpoint else 'none')
+  models_fields = provenance(target_checkpoint, drafter_checkpoint, target_config, drafter_config, dtype)
+  if mode == 'benchmark':
+    expected = benchmark.fingerprint_fields(task, split, lengths, setting, max_examples, drafter_name,
+                                            models_fields, mesh)
+    owned = benchmark.OUTPUT_FILES
+  else:
+    expected = predictions_fingerprint(task, split, lengths, setting, max_examples, drafter_name, models_fields)
+    owned = PREDICTION_FILES
+  _refuse_if_mismatched(output_dir, expected, owned, overwrite)
+  target_module, target_params = load_network(target_checkpoint, target_config, dtype, mesh)
   drafter_module = drafter_params = None
   if drafter_checkpoint:
     drafter_module, drafter_params = load_network(drafter_checkpoint, drafter_config, dtype, mesh)
-  drafter_name = ((drafter_name or os.path.basename(os.path.normpath(drafter_checkpoint)))
-                  if drafter_checkpoint else 'none')
   if mode == 'benchmark':
     summary = benchmark.run(target_module, target_params, drafter_module, drafter_params, task, split,
-                            lengths, setting, output_dir, max_examples, drafter_name=drafter_name, mesh=mesh)
+                            lengths, setting, output_dir, max_examples, drafter_name=drafter_name, mesh=mesh,
+                            provenance=models_fields, overwrite=overwrite)
     print(benchmark.markdown(summary), flush=True)
     return summary
+  fingerprint.prepare(output_dir, expected, owned, overwrite)
 
   model = models.SpeculativeEncoderDecoderModel(
       target_module, drafter_module,
@@ -334,6 +453,15 @@ def _execute(output_dir, mode, task, split, lengths, setting, target_checkpoint,
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
+  """The command line; a bad gin binding or a refused resume ends it with one line (no traceback)."""
+  try:
+    _main(argv)
+  except (gin_utils.GinConfigError, fingerprint.ResumeRefused) as e:
+    # gin appends where the error came from ("In call to configurable 'run'"); the first line says it all.
+    raise SystemExit(f'specdec: {str(e).splitlines()[0]}') from None
+
+
+def _main(argv: Optional[Sequence[str]]) -> None:
   argv = list(sys.argv[1:] if argv is None else argv)
   files, bindings, rest = gin_utils.split_gin_args(argv)
   multihost = '--multihost' in rest

@@ -34,6 +34,17 @@ def _vocab_size(module) -> int:
   return module.config.vocab_size
 
 
+def _outside_vocab_message(key: str, vocab_size: int) -> str:
+  return f'{key} holds ids outside [0, {vocab_size})'
+
+
+def _raise_if_outside_vocab(any_outside, key: str, vocab_size: int) -> None:
+  """Host side of the compiled id check (jax.debug.callback)."""
+  if any_outside:
+    raise ValueError(_outside_vocab_message(key, vocab_size)
+                     + ' (checked inside the compiled function).')
+
+
 class SpeculativeEncoderDecoderModel:
   """A target network, a drafter network and a decode function.
 
@@ -104,8 +115,16 @@ class SpeculativeEncoderDecoderModel:
   # Checks (before any expensive work).
   # -------------------------------------------------------------------------
 
-  def validate_batch(self, batch: Batch) -> None:
-    """Raises ValueError naming the feature when a batch cannot be decoded."""
+  def validate_batch(self, batch: Batch, check_traced_ids: bool = True) -> None:
+    """Raises ValueError naming the feature when a batch cannot be decoded.
+
+    Shapes and lengths are checked at once. Token ids must lie in
+    [0, vocab_size): concrete arrays are checked at once; traced ones (under
+    the caller's own `jax.jit`) with `check_traced_ids` by a check compiled
+    into the function, which fails the call (a `JaxRuntimeError` carrying the
+    ValueError's message) instead of decoding garbage (out-of-range ids
+    would read no embedding and decode to '').
+    """
     for key in ('encoder_input_tokens', 'decoder_input_tokens'):
       if key not in batch:
         raise ValueError(f'batch is missing the feature {key!r} '
@@ -116,18 +135,28 @@ class SpeculativeEncoderDecoderModel:
     if enc.shape[0] != dec.shape[0]:
       raise ValueError(f'encoder_input_tokens has {enc.shape[0]} rows but '
                        f'decoder_input_tokens {dec.shape[0]}.')
+    for key, x in (('encoder_input_tokens', enc), ('decoder_input_tokens', dec)):
+      if 0 in x.shape:  # the network cannot attend over nothing
+        raise ValueError(f'{key} is empty (shape {tuple(x.shape)}): a batch needs '
+                         '>= 1 row and >= 1 position (pad short inputs with 0).')
     if self.max_input_length and enc.shape[1] > self.max_input_length:
       raise ValueError(f'encoder_input_tokens has length {enc.shape[1]}, longer '
                        f'than the configured max_input_length={self.max_input_length}.')
     if self.max_decode_length and dec.shape[1] > self.max_decode_length:
       raise ValueError(f'decoder_input_tokens has length {dec.shape[1]}, longer '
                        f'than the configured max_decode_length={self.max_decode_length}.')
+    vocab_size = _vocab_size(self.module)
     for key in ('encoder_input_tokens', 'decoder_input_tokens'):
       x = batch[key]
-      if not isinstance(x, jax.core.Tracer):
-        x = np.asarray(x)
-        if x.size and (x.min() < 0 or x.max() >= _vocab_size(self.module)):
-          raise ValueError(f'{key} holds ids outside [0, {_vocab_size(self.module)}).')
+      if isinstance(x, jax.core.Tracer):
+        if check_traced_ids:
+          jax.debug.callback(
+              functools.partial(_raise_if_outside_vocab, key=key, vocab_size=vocab_size),
+              jnp.any((x < 0) | (x >= vocab_size)))
+        continue
+      x = np.asarray(x)
+      if x.min() < 0 or x.max() >= vocab_size:
+        raise ValueError(_outside_vocab_message(key, vocab_size) + '.')
 
   # -------------------------------------------------------------------------
   # Decoding.
@@ -168,8 +197,16 @@ class SpeculativeEncoderDecoderModel:
       prompt_with_targets: bool = False,
       *,
       constrain_cache: Optional[Callable[[PyTree], PyTree]] = None,
+      check_traced_ids: bool = True,
   ) -> Tuple[jax.Array, Mapping[str, Any]]:
     """Decodes a batch: (decodes, aux) as T5X.
+
+    The batch is checked first (`validate_batch`): shapes, lengths, and ids in
+    [0, vocab_size). Called eagerly, bad ids raise ValueError at once; under
+    your own `jax.jit` (traced ids) the check is compiled in and a bad batch
+    fails the call with a JaxRuntimeError whose message has the ValueError's
+    text. `check_traced_ids=False` drops that in-graph check (for callers that
+    validated the concrete batch themselves, as `compile_predict` does).
 
     Args:
       params: {'target': ..., 'drafter': ...} ('drafter' unused by the
@@ -185,12 +222,13 @@ class SpeculativeEncoderDecoderModel:
       constrain_cache: optional `cache -> cache` applied to both models'
         caches when built and after each decode step; the sharded predictor
         (partitioning.py) passes sharding constraints here.
+      check_traced_ids: see above.
 
     Returns:
       decodes [B, L] (or [B, nd, L]) and aux {'scores': log-probs, and with
       `return_stats` the speculative statistics}.
     """
-    self.validate_batch(batch)
+    self.validate_batch(batch, check_traced_ids=check_traced_ids)
     decoder_params = dict(decoder_params or {})
     encoder_input_tokens = batch['encoder_input_tokens']
     decoder_input_tokens = batch['decoder_input_tokens']
@@ -228,20 +266,24 @@ class SpeculativeEncoderDecoderModel:
     """A jit-compiled `(params, batch, rng) -> (decodes, aux)`, cached per setting.
 
     Batches are validated eagerly (shapes, lengths, ids) before the jitted
-    call, so a bad batch fails before any compile or compute.
+    call, so a bad batch fails before any compile or compute. Called inside
+    another jit (a traced batch), the id check is compiled in instead.
     """
     key = (tuple(sorted((decoder_params or {}).items())), num_decodes,
            return_all_decodes, prompt_with_targets)
     if key not in self._compiled:
-      jitted = jax.jit(functools.partial(
-          self.predict_batch_with_aux, decoder_params=decoder_params,
-          num_decodes=num_decodes, return_all_decodes=return_all_decodes,
-          prompt_with_targets=prompt_with_targets))
+      jitted = jax.jit(
+          functools.partial(
+              self.predict_batch_with_aux, decoder_params=decoder_params,
+              num_decodes=num_decodes, return_all_decodes=return_all_decodes,
+              prompt_with_targets=prompt_with_targets),
+          static_argnames=('check_traced_ids',))
 
       def predict(params, batch, rng=None):
         self.validate_batch(batch)
         batch = {k: batch[k] for k in ('encoder_input_tokens', 'decoder_input_tokens')}
-        return jitted(params, batch, rng)
+        traced = any(isinstance(x, jax.core.Tracer) for x in batch.values())
+        return jitted(params, batch, rng, check_traced_ids=traced)
 
       self._compiled[key] = predict
     return self._compiled[key]

@@ -9,7 +9,8 @@ returns [B, k, V] logits (log-probabilities), where the bigram's row for
 token j is log P(next | token j).
 
 Stored as counts (sparse for the bigram) in the compact model directory
-format: config.json + counts.npz; the dense [V, V] table is built on load.
+format: config.json (with counts.npz's sha256, checked on load) + counts.npz;
+the dense [V, V] table is built on load.
 """
 
 import dataclasses
@@ -137,11 +138,17 @@ class NgramLM(nn.Module):
 
 def save(directory: str, config: NgramConfig, unigram: np.ndarray,
          bigram: np.ndarray, extra: Optional[dict] = None) -> None:
-  """Writes config.json and counts.npz atomically."""
+  """Writes counts.npz, then config.json (with its sha256), atomically."""
   buffer = io.BytesIO()
   np.savez_compressed(buffer, unigram=unigram, bigram=bigram)
-  checkpoints.atomic_write(os.path.join(directory, COUNTS_FILE), buffer.getvalue())
-  meta = {'ngram_config': dataclasses.asdict(config), **(extra or {})}
+  data = buffer.getvalue()
+  meta = {'ngram_config': dataclasses.asdict(config),
+          checkpoints.FILES_FIELD: {COUNTS_FILE: checkpoints.sha256_hex(data)}}
+  clash = set(extra or {}) & set(meta)
+  if clash:
+    raise ValueError(f'extra metadata may not replace {sorted(clash)}.')
+  meta.update(extra or {})
+  checkpoints.atomic_write(os.path.join(directory, COUNTS_FILE), data)
   checkpoints.atomic_write(os.path.join(directory, CONFIG_FILE),
                            json.dumps(meta, indent=2, sort_keys=True).encode())
 
@@ -150,13 +157,36 @@ def is_ngram_dir(directory: str) -> bool:
   return os.path.exists(os.path.join(directory, COUNTS_FILE))
 
 
+def _read_counts(path: str, data: bytes, vocab_size: int
+                 ) -> Tuple[np.ndarray, np.ndarray]:
+  """(unigram [V], bigram [N, 3]) from counts.npz bytes; ValueError if damaged."""
+  try:
+    with np.load(io.BytesIO(data)) as counts:
+      unigram, bigram = counts['unigram'], counts['bigram']
+  except Exception as e:  # pylint: disable=broad-except  (zip / zlib / npy errors)
+    raise ValueError(f'{path}: damaged or truncated counts file ({e}).') from e
+  if unigram.shape != (vocab_size,) or bigram.ndim != 2 or bigram.shape[1] != 3:
+    raise ValueError(f'{path}: counts of shapes {unigram.shape} and {bigram.shape} do '
+                     f'not fit vocab_size={vocab_size} (expected ({vocab_size},) and (N, 3)).')
+  if bigram.size and (bigram[:, :2].min() < 0 or bigram[:, :2].max() >= vocab_size):
+    raise ValueError(f'{path}: bigram ids outside [0, {vocab_size}).')
+  return unigram, bigram
+
+
 def load(directory: str) -> Tuple[NgramLM, dict]:
-  """(module, params) for a saved n-gram drafter."""
+  """(module, params) for a saved n-gram drafter (counts.npz hash-checked)."""
   for name in (CONFIG_FILE, COUNTS_FILE):
     if not os.path.exists(os.path.join(directory, name)):
       raise FileNotFoundError(f'No {name} in {directory}.')
-  with open(os.path.join(directory, CONFIG_FILE)) as f:
-    config = NgramConfig(**json.load(f)['ngram_config'])
-  counts = np.load(os.path.join(directory, COUNTS_FILE))
-  table = log_prob_table(config, counts['unigram'], counts['bigram'])
+  config_path = os.path.join(directory, CONFIG_FILE)
+  meta = checkpoints.read_json_meta(config_path)
+  try:
+    config = NgramConfig(**meta['ngram_config'])
+  except (KeyError, TypeError, ValueError) as e:
+    raise ValueError(f"{config_path}: no valid 'ngram_config' ({type(e).__name__}: "
+                     f'{e}): not an n-gram drafter config, or a damaged one.') from e
+  data = checkpoints.read_verified(directory, COUNTS_FILE, meta)
+  unigram, bigram = _read_counts(os.path.join(directory, COUNTS_FILE), data,
+                                 config.vocab_size)
+  table = log_prob_table(config, unigram, bigram)
   return NgramLM(config), {'log_probs': jnp.asarray(table)}

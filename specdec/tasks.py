@@ -54,6 +54,7 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
+from specdec import corpora
 from specdec.corpora import SUMMARIZE_PREFIX
 from specdec.corpora import SUMMARIZATION_CORPUS
 from specdec.corpora import TRANSLATE_PREFIX
@@ -189,9 +190,12 @@ def read_jsonl_dataset(split: str,
 
   Raises:
     FileNotFoundError: when the split file does not exist (at call time).
+    ValueError: `<file>:<line>: ...` for a line that is not UTF-8 or not a
+      JSON object (all lines are checked once per file version, at call time).
   """
   path = corpus_split_path(corpus_dir, corpus_name, split)
   _check_exists(path, corpus_name)
+  count_jsonl_rows(path)  # checks every line, cached
   fields = ("inputs", "targets") + tuple(
       f for f in extra_fields if f not in ("inputs", "targets"))
 
@@ -215,14 +219,19 @@ _LINE_COUNTS_LOCK = threading.Lock()
 
 
 def count_jsonl_rows(path: str) -> int:
-  """Number of non-empty lines of a JSONL file (cached on path/size/mtime)."""
+  """Number of rows of a JSONL file, every line checked (cached on path/size/mtime).
+
+  Raises ValueError naming the file and line of the first line that is not
+  UTF-8 or not a JSON object (corpora.iter_jsonl_rows): TensorFlow would
+  report it from inside the input pipeline, without either.
+  """
   stat = tf.io.gfile.stat(path)
   key = (path, stat.length, stat.mtime_nsec)
   with _LINE_COUNTS_LOCK:
     if key in _LINE_COUNTS:
       return _LINE_COUNTS[key]
   with tf.io.gfile.GFile(path, "rb") as f:
-    n = sum(1 for line in f if line.strip())
+    n = corpora.count_jsonl_rows(f, path)
   with _LINE_COUNTS_LOCK:
     _LINE_COUNTS[key] = n
   return n

@@ -5,16 +5,23 @@
 Adafactor (T5X's default) or AdamW through optax; seqio EncDecFeatureConverter
 with packing; a jit-compiled train step over a ('data',) device mesh (batch
 sharded, params replicated); Orbax checkpoints every `checkpoint_every` steps
-and resume from the latest; periodic evaluation (validation loss, and BLEU /
+and resume from the latest one that restores (a damaged newer one is reported
+and moved to MODEL_DIR/damaged_checkpoints/); train_log.jsonl drops what a
+killed run logged past the resumed step, and runs.jsonl holds one record per
+run, rewritten at each checkpoint (status running / finished / stopped, or
+interrupted for a killed run); periodic evaluation (validation loss, and BLEU /
 ROUGE from greedy decodes); a progress line with step, loss, tokens/s and ETA.
 With `teacher_dir` set, the student is distilled from the teacher's
-distribution: loss = (1 - w) CE + w KL(teacher || student).
+distribution: loss = (1 - w) CE + w D(teacher, student), D one of
+specdec/distill.py's divergences (`divergence`: fkl, rkl, tvd, greedy_ce).
 At the end the params are exported in the compact format (checkpoints.py).
 """
 
 import functools
+import gc
 import itertools
 import json
+import logging
 import os
 import sys
 import time
@@ -31,6 +38,7 @@ import seqio
 
 from specdec import checkpoints
 from specdec import decoding
+from specdec import distill
 from specdec import evaluation
 from specdec import gin_utils
 from specdec import models
@@ -110,8 +118,12 @@ def _apply(module, params, batch, enable_dropout, rngs=None):
 
 
 def loss_fn(params, batch, dropout_rng, module, z_loss=1e-4, teacher=None,
-            distill_weight=0.0):
-  """Mean per-token loss; with a teacher, mixes in KL(teacher || student)."""
+            distill_weight=0.0, divergence='fkl'):
+  """Mean per-token loss; with a teacher, (1 - w) CE + w D(teacher, student).
+
+  D is `distill.token_divergence(divergence, ...)`: 'fkl' KL(teacher || student),
+  'rkl', 'tvd' or 'greedy_ce' (see specdec/distill.py).
+  """
   logits = _apply(module, params, batch, True, {'dropout': dropout_rng})
   weights = batch['decoder_loss_weights'].astype(jnp.float32)
   ce = _token_losses(logits, batch['decoder_target_tokens'], z_loss)
@@ -119,12 +131,10 @@ def loss_fn(params, batch, dropout_rng, module, z_loss=1e-4, teacher=None,
   metrics = {}
   if teacher is not None and distill_weight > 0:
     teacher_module, teacher_params = teacher
-    teacher_logp = jax.nn.log_softmax(jax.lax.stop_gradient(
-        _apply(teacher_module, teacher_params, batch, False)).astype(jnp.float32))
-    student_logp = jax.nn.log_softmax(logits.astype(jnp.float32))
-    kl = jnp.sum(jnp.exp(teacher_logp) * (teacher_logp - student_logp), -1)
-    per_token = (1 - distill_weight) * ce + distill_weight * kl
-    metrics['kl'] = jnp.sum(kl * weights) / jnp.maximum(weights.sum(), 1)
+    teacher_logits = _apply(teacher_module, teacher_params, batch, False)
+    div = distill.token_divergence(divergence, teacher_logits, logits)
+    per_token = (1 - distill_weight) * ce + distill_weight * div
+    metrics[divergence] = jnp.sum(div * weights) / jnp.maximum(weights.sum(), 1)
   denom = jnp.maximum(weights.sum(), 1.0)
   metrics['ce'] = jnp.sum(ce * weights) / denom
   return jnp.sum(per_token * weights) / denom, metrics
@@ -164,6 +174,115 @@ def _append_log(path, record):
     f.write(json.dumps(record) + '\n')
 
 
+def _read_jsonl(path) -> list:
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def _write_jsonl(path, records) -> None:
+  """Replaces `path` atomically: a kill leaves the old or the new file, never half."""
+  checkpoints.atomic_write(path, ''.join(json.dumps(r) + '\n' for r in records).encode())
+
+
+def drop_log_after(log_path, step) -> int:
+  """Drops train_log records past `step` (the resumed step); returns how many.
+
+  A killed run logged steps after its last checkpoint; the resumed run logs
+  them again, so without this they would appear twice.
+  """
+  records = _read_jsonl(log_path)
+  kept = [r for r in records if r.get('step', 0) <= step]
+  if len(kept) < len(records):
+    _write_jsonl(log_path, kept)
+  return len(records) - len(kept)
+
+
+def put_run_record(runs_path, record) -> None:
+  """Writes this run's runs.jsonl record (matched by 'run_id'): replaced or appended.
+
+  Earlier records still 'running' belong to runs that were killed (one
+  trainer per model_dir): they become 'interrupted', keeping their last
+  checkpointed to_step and minutes.
+  """
+  records = [dict(r, status='interrupted')
+             if r.get('status') == 'running' and r.get('run_id') != record['run_id'] else r
+             for r in _read_jsonl(runs_path)]
+  ids = [r.get('run_id') for r in records]
+  if record['run_id'] in ids:
+    records[ids.index(record['run_id'])] = record
+  else:
+    records.append(record)
+  _write_jsonl(runs_path, records)
+
+
+def _first_line(error: BaseException, limit: int = 300) -> str:
+  """`Type: first line` of an error, without TensorStore's spec dump."""
+  text = (str(error).strip().splitlines() or [''])[0]
+  text = text.split(' See full TensorStore details')[0].rstrip('.')
+  return f'{type(error).__name__}: {text[:limit]}'
+
+
+class _DropAbandonedTaskErrors(logging.Filter):
+  """Drops asyncio's 'Task exception was never retrieved' records (one screen each)."""
+
+  def filter(self, record):
+    return 'exception was never retrieved' not in record.getMessage()
+
+
+_QUIET_ABANDONED_TASKS = _DropAbandonedTaskErrors()
+
+
+def _try_restore(manager, step, abstract):
+  """(state, None), or (None, why) when checkpoint `step` does not restore."""
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  # A failed Orbax restore abandons its other read tasks; each logs its own
+  # screen-long traceback when collected, now or at exit. After a failure the
+  # filter stays on asyncio's logger for the rest of the process.
+  asyncio_log = logging.getLogger('asyncio')
+  asyncio_log.addFilter(_QUIET_ABANDONED_TASKS)
+  try:
+    state = manager.restore(step, args=ocp.args.StandardRestore(abstract))
+  except Exception as e:  # pylint: disable=broad-except  (Orbax / TensorStore / JSON errors)
+    gc.collect()
+    return None, _first_line(e)
+  asyncio_log.removeFilter(_QUIET_ABANDONED_TASKS)
+  return state, None
+
+
+def restore_latest_good(manager, abstract, damaged_dir):
+  """(step, state) of the newest checkpoint that restores, or (None, None) if there are none.
+
+  A newer checkpoint that fails to restore (a kill mid-write, a damaged
+  disk) is reported and moved to `damaged_dir`/<step>-<time> once an older
+  one has restored, so that training continues from that one and Orbax does
+  not keep picking the damaged step. If none restores, ValueError lists each
+  step and why, and nothing is moved.
+  """
+  failures = []
+  for step in sorted(manager.all_steps(), reverse=True):
+    state, why = _try_restore(manager, step, abstract)
+    if why is not None:
+      failures.append((step, why))
+      print(f'Checkpoint step {step} in {manager.directory} is damaged or unreadable '
+            f'({why}).', flush=True)
+      continue
+    for bad_step, _ in failures:
+      os.makedirs(damaged_dir, exist_ok=True)
+      dest = os.path.join(damaged_dir, f'{bad_step}-{int(time.time())}')
+      os.replace(os.path.join(str(manager.directory), str(bad_step)), dest)
+      print(f'Moved damaged checkpoint step {bad_step} to {dest}; falling back to '
+            f'step {step}.', flush=True)
+    return step, state
+  if failures:
+    raise ValueError(
+        f'{manager.directory}: no checkpoint can be restored: '
+        + '; '.join(f'step {s}: {why}' for s, why in failures)
+        + '. Move the directory away to start afresh (or restore it from a backup).')
+  return None, None
+
+
 def train(model_dir: str,
           config: network.T5Config,
           mixture_or_task_name: str = 'specdec_local_mix',
@@ -180,18 +299,32 @@ def train(model_dir: str,
           eval_decode_examples: int = 64,
           teacher_dir: Optional[str] = None,
           distill_weight: float = 0.5,
+          divergence: str = 'fkl',
           max_minutes: Optional[float] = None,
           export_dir: Optional[str] = None,
-          init_from_dir: Optional[str] = None) -> Dict[str, Any]:
+          init_from_dir: Optional[str] = None,
+          init_matching_only: bool = False,
+          corpus_dir: Optional[str] = None) -> Dict[str, Any]:
   """Trains `config` on a seqio mixture; resumes from `model_dir` if it holds checkpoints.
 
   Without checkpoints, `init_from_dir` (a compact model of the same config)
   starts training from those params with a fresh optimizer state and step
-  counter (to continue a shipped model when its checkpoints are gone).
+  counter (to continue a shipped model when its checkpoints are gone). With
+  `init_matching_only`, the config may differ: every parameter whose path and
+  shape exist in both starts from `init_from_dir`, the rest fresh (e.g. a
+  one-decoder-layer drafter from a two-layer one's embeddings, encoder and
+  first decoder layer).
+  `corpus_dir` (re)registers the local tasks on that corpus first (e.g. a
+  distillation corpus from scripts/build_distill_corpus.py); default: the
+  tasks as registered ($SPECDEC_CORPUS_DIR or data/corpus).
 
   Returns the final evaluation record.
   """
   from specdec import tasks  # pylint: disable=g-import-not-at-top,unused-import
+  if corpus_dir is not None:
+    if not os.path.isdir(corpus_dir):
+      raise FileNotFoundError(f'corpus_dir={corpus_dir!r} does not exist.')
+    tasks.register_local_tasks(corpus_dir)
   feature_lengths = dict(feature_lengths)
   if batch_size % jax.device_count():
     raise ValueError(f'batch_size={batch_size} must divide over '
@@ -200,6 +333,7 @@ def train(model_dir: str,
   log_path = os.path.join(model_dir, 'train_log.jsonl')
   module = network.Transformer(config)
   optimizer = _configured(make_optimizer)()
+  distill.get_divergence(divergence)  # a bad name fails before any work
   teacher = None
   if teacher_dir:
     teacher_config, teacher_params = checkpoints.load_compact(teacher_dir)
@@ -220,27 +354,39 @@ def train(model_dir: str,
     if not init_from_dir:
       return network.init_params(config, jax.random.PRNGKey(seed))
     init_config, params = checkpoints.load_compact(init_from_dir)
+    if init_matching_only:
+      return _matching_params(network.init_params(config, jax.random.PRNGKey(seed)), params,
+                              init_from_dir)
     if init_config != config:
       raise ValueError(f'init_from_dir={init_from_dir} holds a different '
                        f'config: {init_config} vs {config}.')
     return params
 
-  manager = checkpoints.training_checkpoint_manager(os.path.join(model_dir, 'checkpoints'))
+  checkpoint_dir = os.path.join(model_dir, 'checkpoints')
+  manager = checkpoints.training_checkpoint_manager(checkpoint_dir)
   abstract = jax.eval_shape(
       lambda: fresh_state(network.init_params(config, jax.random.PRNGKey(seed))))
-  latest = manager.latest_step()
+  listed = manager.latest_step()
+  latest, state = restore_latest_good(manager, abstract,
+                                      os.path.join(model_dir, 'damaged_checkpoints'))
+  if latest != listed:  # damaged steps were moved away: let Orbax re-read the directory
+    manager.close()
+    manager = checkpoints.training_checkpoint_manager(checkpoint_dir)
   if latest is not None:
-    import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
-    state = manager.restore(latest, args=ocp.args.StandardRestore(abstract))
     print(f'Resumed from {model_dir} at step {latest}.', flush=True)
   else:
     state = fresh_state(initial_params())
   state = jax.device_put(state, replicated)
   start_step = int(state['step'])
+  # Steps a killed run logged after its last checkpoint are trained again now.
+  dropped = drop_log_after(log_path, start_step)
+  if dropped:
+    print(f'Dropped {dropped} records past step {start_step} from {log_path} '
+          '(logged after the last checkpoint; they are trained again).', flush=True)
 
   grad_fn = jax.value_and_grad(functools.partial(
       loss_fn, module=module, z_loss=z_loss, teacher=teacher,
-      distill_weight=distill_weight), has_aux=True)
+      distill_weight=distill_weight, divergence=divergence), has_aux=True)
 
   @functools.partial(jax.jit, donate_argnums=(0,))
   def train_step(state, batch, rng):
@@ -286,6 +432,20 @@ def train(model_dir: str,
   record, tokens = None, 0
   step = start_step
   run_started = time.time()
+  runs_path = os.path.join(model_dir, 'runs.jsonl')
+  run_record = {
+      'run_id': f'{run_started:.6f}-{os.getpid()}',
+      'started': time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(run_started)),
+      'command': ' '.join(['python -m specdec.train'] + sys.argv[1:]),
+      'from_step': start_step}
+
+  def note_run(to_step, status='running'):
+    """(Re)writes this run's runs.jsonl record: a killed run keeps its last checkpoint."""
+    run_record.update(to_step=to_step, status=status,
+                      minutes=(time.time() - run_started) / 60)
+    put_run_record(runs_path, run_record)
+
+  note_run(start_step)
   while step < num_steps:
     batch = jax.device_put(next(data), data_sharded)
     tokens += int(np.sum(batch['decoder_loss_weights'])) + int(
@@ -302,6 +462,7 @@ def train(model_dir: str,
       tokens = 0
     if step % checkpoint_every == 0 or step == num_steps:
       manager.save(step, args=_standard_save(state))
+      note_run(step)
     if step % eval_every == 0:
       record = evaluate(step)
     if deadline and time.time() > deadline:
@@ -311,25 +472,47 @@ def train(model_dir: str,
         manager.save(step, args=_standard_save(state), force=True)
       break
   manager.wait_until_finished()
-  _append_log(os.path.join(model_dir, 'runs.jsonl'), {
-      'started': time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(run_started)),
-      'minutes': (time.time() - run_started) / 60, 'from_step': start_step,
-      'to_step': step,
-      'command': ' '.join(['python -m specdec.train'] + sys.argv[1:])})
+  note_run(step, 'finished' if step >= num_steps else 'stopped')
   if record is None or record['step'] != step:
     record = evaluate(step)
   if export_dir:
-    with open(os.path.join(model_dir, 'runs.jsonl')) as f:
-      runs = [json.loads(line) for line in f]
+    runs = _read_jsonl(runs_path)
     checkpoints.save_compact(export_dir, config, jax.device_get(state['params']),
                              extra={'train': {'step': step,
                                               'mixture_or_task_name': mixture_or_task_name,
                                               'teacher_dir': teacher_dir,
+                                              'distill_weight': distill_weight if teacher_dir else None,
+                                              'divergence': divergence if teacher_dir else None,
+                                              'corpus_dir': corpus_dir,
+                                              'init_from_dir': init_from_dir,
                                               'runs': runs,
                                               'minutes': sum(r['minutes'] for r in runs),
                                               'final_eval': record}})
     print(f'Exported params to {export_dir}.', flush=True)
   return record
+
+
+def _matching_params(fresh: PyTree, init: PyTree, init_from_dir: str) -> PyTree:
+  """`fresh` with every leaf whose path and shape `init` also has taken from `init`."""
+  init_leaves = {jax.tree_util.keystr(path): leaf
+                 for path, leaf in jax.tree_util.tree_leaves_with_path(init)}
+  taken = []
+
+  def pick(path, leaf):
+    other = init_leaves.get(jax.tree_util.keystr(path))
+    if other is not None and np.shape(other) == np.shape(leaf):
+      taken.append(np.size(leaf))
+      return jnp.asarray(other, leaf.dtype)
+    return leaf
+
+  params = jax.tree_util.tree_map_with_path(pick, fresh)
+  total = sum(np.size(x) for x in jax.tree_util.tree_leaves(fresh))
+  if not taken:
+    raise ValueError(f'init_from_dir={init_from_dir} shares no parameter (path and shape) '
+                     'with this config.')
+  print(f'Initialised {len(taken)} arrays ({sum(taken):,} of {total:,} parameters) from '
+        f'{init_from_dir}; the rest fresh.', flush=True)
+  return params
 
 
 def _standard_save(state):

@@ -6,6 +6,7 @@ greedy speculative decoding must match the baseline exactly and accept every dra
 """
 
 import csv
+import dataclasses
 import json
 import math
 import os
@@ -17,6 +18,7 @@ import numpy as np
 import pytest
 
 from specdec import benchmark
+from specdec import fingerprint
 from specdec import network
 from specdec import tasks
 from specdec import theory
@@ -443,6 +445,61 @@ def test_run_resumes_and_tolerates_a_torn_line(first_run, tiny, copy_drafter, tm
   timed.clear()
   assert _run(tiny, copy_drafter, out, max_examples=3)['examples'] == 3
   assert not timed
+
+
+def test_run_records_its_fingerprint(first_run):
+  s, out = first_run
+  recorded = fingerprint.read(str(out))
+  assert s['fingerprint'] == recorded
+  assert recorded == fingerprint.normalised(benchmark.fingerprint_fields(
+      tasks.ENDE_LOCAL_TASK, 'test', LENGTHS, SETTING, 2, 'copy'))
+  assert recorded['outputs'] == 'benchmark' and recorded['code_version'] == benchmark.RECORDS_VERSION
+  assert recorded['gamma'] == 2 and recorded['repeats'] == 1 and recorded['max_examples'] == 2
+
+
+@pytest.mark.parametrize('changes, fewer, expected', [
+    ({'gamma': 3}, False, 'gamma 2 -> 3'),
+    ({'temperature': 1.0}, False, 'temperature 0.0 -> 1.0'),
+    ({'repeats': 2}, False, 'repeats 1 -> 2'),
+    ({'seed': 5}, False, 'seed 0 -> 5'),
+    ({'draft_confidence': 0.5}, False, 'draft_confidence 0.0 -> 0.5'),
+    ({}, True, 'max_examples 2 -> 1 (it holds up to 2 examples'),
+])
+def test_run_refuses_to_resume_another_configuration(first_run, tiny, copy_drafter, tmp_path, monkeypatch,
+                                                     changes, fewer, expected):
+  _, first_out = first_run
+  out = tmp_path / 'bench'
+  shutil.copytree(first_out, out)
+  before = {p.name: p.read_bytes() for p in out.iterdir()}
+  monkeypatch.setattr(benchmark, '_timed', lambda *args: pytest.fail('decoded before refusing'))
+  setting = dataclasses.replace(SETTING, **changes)
+  with pytest.raises(fingerprint.ResumeRefused) as e:
+    _run(tiny, copy_drafter, out, max_examples=1 if fewer else 2, setting=setting)
+  assert expected in str(e.value) and str(e.value).endswith(f'; {fingerprint.MAIN_REMEDY}.')
+  assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_run_refuses_other_models_and_old_outputs_and_overwrite_measures_afresh(first_run, tiny, copy_drafter,
+                                                                               tmp_path):
+  _, first_out = first_run
+  out = tmp_path / 'bench'
+  shutil.copytree(first_out, out)
+  module, params = tiny
+  drafter_module, drafter_params = copy_drafter
+  run = lambda **kwargs: benchmark.run(module, params, drafter_module, drafter_params, tasks.ENDE_LOCAL_TASK,
+                                       'test', LENGTHS, SETTING, str(out), max_examples=2, drafter_name='copy',
+                                       measure_in_loop=False, write_plot=False, **kwargs)
+  with pytest.raises(fingerprint.ResumeRefused, match=r"target_checkpoint None -> 'models/x'.*; do Y\.$"):
+    run(provenance={'target_checkpoint': 'models/x'}, remedy='do Y')
+  os.remove(out / fingerprint.FILE_NAME)
+  with pytest.raises(fingerprint.ResumeRefused, match='holds examples.jsonl, benchmark.json, .* without a '
+                                                       'fingerprint.json'):
+    run()
+  (out / 'notes.txt').write_text('mine')
+  s = run(provenance={'target_checkpoint': 'models/x'}, overwrite=True)
+  assert s['examples'] == 2 and s['fingerprint']['target_checkpoint'] == 'models/x'
+  assert not (out / 'benchmark.png').exists()  # the old plot went with the old outputs (this run writes none)
+  assert (out / 'notes.txt').read_text() == 'mine'
 
 
 @pytest.mark.parametrize('setting, match', [

@@ -5,6 +5,7 @@ depend on the size). T5X and Hugging Face specifics: t5x_checkpoint_test.py,
 hf_checkpoint_test.py.
 """
 
+import hashlib
 import json
 import os
 import subprocess
@@ -37,10 +38,12 @@ def _bf16_rounded(x):
 
 
 def _write_params(directory, tree):
-  """Overwrites params.msgpack with `tree` (float32), keeping config.json."""
+  """Overwrites params.msgpack with `tree` (float32), keeping config.json
+  (with the new file's hash: a consistently saved but wrong tree)."""
   stored = jax.tree_util.tree_map(lambda x: np.asarray(x, np.float32), tree)
   with open(os.path.join(directory, checkpoints.PARAMS_FILE), 'wb') as f:
     f.write(flax.serialization.msgpack_serialize(stored))
+  checkpoints.record_file_hashes(directory, [checkpoints.PARAMS_FILE])
 
 
 # -----------------------------------------------------------------------------
@@ -292,6 +295,128 @@ class TestLoadErrors:
   def test_matching_tree_passes(self, params):
     checkpoints.check_param_shapes(
         params, jax.eval_shape(lambda: params), where='x')
+
+
+# -----------------------------------------------------------------------------
+# Damaged files: content hashes, truncation, broken config.json.
+# -----------------------------------------------------------------------------
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _overwrite_middle(path, data=b'\xff' * 8):
+  """Overwrites bytes in the middle of a file in place (size unchanged)."""
+  raw = bytearray(open(path, 'rb').read())
+  middle = len(raw) // 2
+  raw[middle:middle + len(data)] = data
+  open(path, 'wb').write(bytes(raw))
+
+
+def _truncate(path, keep=0.5):
+  raw = open(path, 'rb').read()
+  open(path, 'wb').write(raw[:int(len(raw) * keep)])
+
+
+def _drop_hashes(directory):
+  """config.json as a model saved before hashes were recorded has it."""
+  path = os.path.join(directory, checkpoints.CONFIG_FILE)
+  meta = json.loads(open(path).read())
+  del meta[checkpoints.FILES_FIELD]
+  open(path, 'w').write(json.dumps(meta))
+
+
+class TestDamagedFiles:
+
+  def test_save_records_the_params_hash(self, params, tmp_path):
+    checkpoints.save_compact(str(tmp_path), CFG, params)
+    meta = json.loads((tmp_path / checkpoints.CONFIG_FILE).read_text())
+    data = (tmp_path / checkpoints.PARAMS_FILE).read_bytes()
+    assert meta[checkpoints.FILES_FIELD] == {
+        checkpoints.PARAMS_FILE: hashlib.sha256(data).hexdigest()}
+
+  def test_files_is_reserved(self, params, tmp_path):
+    with pytest.raises(ValueError, match='files'):
+      checkpoints.save_compact(str(tmp_path), CFG, params, extra={'files': {}})
+
+  def test_overwritten_bytes_are_caught(self, params, tmp_path):
+    """A same-size corruption still unpacks (a leaf becomes ~3.4e38): the hash catches it."""
+    checkpoints.save_compact(str(tmp_path), CFG, params)
+    path = tmp_path / checkpoints.PARAMS_FILE
+    _overwrite_middle(path)
+    flax.serialization.msgpack_restore(path.read_bytes())  # unpacks fine
+    with pytest.raises(ValueError, match='damaged, truncated or modified') as e:
+      checkpoints.load_compact(str(tmp_path))
+    assert str(e.value).startswith(f'{path}: ')
+    with pytest.raises(ValueError, match='damaged, truncated or modified'):
+      checkpoints.restore_params(str(tmp_path), CFG)
+
+  def test_truncated_params(self, params, tmp_path):
+    checkpoints.save_compact(str(tmp_path), CFG, params)
+    path = tmp_path / checkpoints.PARAMS_FILE
+    _truncate(path)
+    with pytest.raises(ValueError, match=f'^{path}: damaged, truncated'):
+      checkpoints.load_compact(str(tmp_path))
+
+  def test_old_format_without_hashes_loads(self, params, tmp_path):
+    checkpoints.save_compact(str(tmp_path), CFG, params)
+    _drop_hashes(str(tmp_path))
+    config, loaded = checkpoints.load_compact(str(tmp_path))
+    assert config == CFG
+    for k, v in _flat(params).items():
+      np.testing.assert_array_equal(np.asarray(_flat(loaded)[k]), _bf16_rounded(v))
+
+  def test_old_format_truncated_params(self, params, tmp_path):
+    checkpoints.save_compact(str(tmp_path), CFG, params)
+    _drop_hashes(str(tmp_path))
+    path = tmp_path / checkpoints.PARAMS_FILE
+    _truncate(path)
+    with pytest.raises(ValueError, match=f'^{path}: damaged or truncated params '
+                       r'file \(Unpack failed: incomplete input\)'):
+      checkpoints.load_compact(str(tmp_path))
+    with pytest.raises(ValueError, match='damaged or truncated params file'):
+      checkpoints.restore_params(str(tmp_path), CFG)
+
+  def test_record_file_hashes_upgrades_an_old_model(self, params, tmp_path):
+    checkpoints.save_compact(str(tmp_path), CFG, params)
+    before = (tmp_path / checkpoints.CONFIG_FILE).read_text()
+    _drop_hashes(str(tmp_path))
+    checkpoints.record_file_hashes(str(tmp_path), [checkpoints.PARAMS_FILE])
+    assert json.loads((tmp_path / checkpoints.CONFIG_FILE).read_text()) == json.loads(before)
+    _overwrite_middle(tmp_path / checkpoints.PARAMS_FILE)
+    with pytest.raises(ValueError, match='damaged'):
+      checkpoints.load_compact(str(tmp_path))
+
+  @pytest.mark.parametrize('content, match', [
+      (None, 'damaged or incomplete config file'),  # truncated
+      (b'\xff\xfe{', 'damaged or incomplete config file'),  # not UTF-8
+      (b'[1, 2]', 'a JSON list, expected an object'),
+      (b'{}', "no 'config' object"),
+      (b'{"config": null}', "no 'config' object"),
+      (b'{"config": {"vocab_size": 64, "bogus": 1}}', r"Unknown T5Config fields.*\['bogus'\]"),
+  ])
+  def test_bad_config_json(self, params, tmp_path, content, match):
+    checkpoints.save_compact(str(tmp_path), CFG, params)
+    path = tmp_path / checkpoints.CONFIG_FILE
+    if content is None:
+      _truncate(path)
+    else:
+      path.write_bytes(content)
+    for load in (checkpoints.load_compact, checkpoints.load_config,
+                 checkpoints.load_module_and_params):
+      with pytest.raises(ValueError, match=match) as e:
+        load(str(tmp_path))
+      assert str(e.value).startswith(f'{path}: ')
+
+  @pytest.mark.parametrize('name', ['bigram', 'd1', 'd1kd', 'd2', 'd3', 'target', 'unigram'])
+  def test_shipped_models_record_verified_hashes(self, name):
+    directory = os.path.join(REPO, 'models', 'cpu', name)
+    meta = json.loads(open(os.path.join(directory, checkpoints.CONFIG_FILE)).read())
+    files = meta[checkpoints.FILES_FIELD]
+    assert set(files) == {f for f in (checkpoints.PARAMS_FILE, 'counts.npz')
+                          if os.path.exists(os.path.join(directory, f))}
+    for file_name, digest in files.items():
+      with open(os.path.join(directory, file_name), 'rb') as f:
+        assert hashlib.sha256(f.read()).hexdigest() == digest, file_name
 
 
 # -----------------------------------------------------------------------------

@@ -417,3 +417,27 @@ def test_shipped_vocabulary():
     assert vocab.decode(ids) == text
   ids = vocab.encode(corpora.TRANSLATE_PREFIX + "Grüße aus Köln")
   assert vocab.decode(ids) == "translate English to German: Grüße aus Köln"
+
+
+# ------------------------------------------------------------ reading JSONL
+
+
+@pytest.mark.parametrize("bad_line, problem", [
+    (b'{"inputs": "caf\xe9"}', r"not UTF-8 \(invalid continuation byte at byte 15"),
+    (b'{"inputs": "a", ', "not valid JSON"),
+    (b'["a", "b"]', "a JSON list, expected an object"),
+])
+def test_bad_jsonl_line_names_file_and_line(tmp_path, bad_line, problem):
+  path = tmp_path / "train.jsonl"
+  path.write_bytes(b'{"inputs": "a"}\n\n{"inputs": "b"}\n' + bad_line + b"\n")
+  with pytest.raises(ValueError, match=f"^{path}:4: {problem}"):
+    corpora.read_jsonl(str(path))
+  with pytest.raises(ValueError, match=f"^x.jsonl:4: {problem}"):
+    corpora.count_jsonl_rows(path.read_bytes().splitlines(True), "x.jsonl")
+
+
+def test_jsonl_rows_skip_blank_lines(tmp_path):
+  path = tmp_path / "ok.jsonl"
+  path.write_bytes('{"inputs": "Größe"}\n\n  \n{"inputs": "b"}'.encode("utf-8"))
+  assert corpora.read_jsonl(str(path)) == [{"inputs": "Größe"}, {"inputs": "b"}]
+  assert corpora.count_jsonl_rows(path.read_bytes().splitlines(True), "ok") == 2

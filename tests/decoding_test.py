@@ -320,6 +320,21 @@ class TestBadInputs:
     with pytest.raises(ValueError, match='inputs'):
       self._call(inputs=jnp.zeros((2, 8), jnp.float32))
 
+  @pytest.mark.parametrize('shape', [(2, 0), (0, 8)])
+  def test_empty_inputs(self, shape):
+    with pytest.raises(ValueError, match=rf'inputs is empty \(shape \({shape[0]}, {shape[1]}\)\)'):
+      self._call(inputs=jnp.zeros(shape, jnp.int32))
+    model = toy.ToyModel(44, vocab=9, cache_len=8)
+    with pytest.raises(ValueError, match='inputs is empty'):
+      decoding.temperature_sample(jnp.zeros(shape, jnp.int32), model.init_cache(2),
+                                  model.tokens_to_logits, EOS)
+
+  @pytest.mark.parametrize('bad_id', [9, -1])
+  def test_prompt_ids_outside_the_vocabulary(self, bad_id):
+    inputs = jnp.zeros((2, 8), jnp.int32).at[1, 3].set(bad_id)
+    with pytest.raises(ValueError, match=r"inputs holds ids outside \[0, 9\) \(the target's"):
+      self._call(inputs=inputs)
+
   def test_baseline_validates_too(self):
     model = toy.ToyModel(44, vocab=9, cache_len=8)
     with pytest.raises(ValueError, match='topk'):

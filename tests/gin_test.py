@@ -207,3 +207,49 @@ def test_cpu_table2_row(task, drafter, temp):
   # The shipped family's compact checkpoints carry their configs: none is given in gin.
   assert p['target_config'] is None and p['drafter_config'] is None
   assert tables.paper_row(p['task'], p['drafter_name'], p['temperature']) is not None
+
+
+# -----------------------------------------------------------------------------
+# Command-line bindings that would change nothing are refused (gin_utils.parse)
+# -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize('path', EXPERIMENT_FILES)
+def test_experiment_file_refuses_a_misspelt_macro(path):
+  gin.clear_config()
+  with pytest.raises(gin_utils.GinConfigError,
+                     match=r"^binding 'OUTPUT_DIRR = 'x'': no gin file uses macro OUTPUT_DIRR, .*"
+                           r'\(did you mean OUTPUT_DIR\?\)\.$'):
+    gin_utils.parse([path], ["OUTPUT_DIR = '/tmp/specdec_gin_test'", "OUTPUT_DIRR = 'x'"])
+
+
+def test_the_issue_reproduction_gamma_typo_is_refused():
+  gin.clear_config()
+  _, bindings, _ = gin_utils.split_gin_args(
+      ['--gin.main.run.mode=\'infer\'', '--gin.main.run.max_examples=2', "--gin.OUTPUT_DIR='probe_out'",
+       '--gin.GAMA=3'])
+  with pytest.raises(gin_utils.GinConfigError, match=r'macro GAMA, .*\(did you mean GAMMA\?\)'):
+    gin_utils.parse(['experiments/cpu/table2/ende_d1_t0.gin'], bindings)
+
+
+@pytest.mark.parametrize('path, bindings', [
+    # The README's and the scripts' command lines.
+    ('experiments/cpu/table2/ende_d1_t0.gin', ["OUTPUT_DIR = 'runs/x'", 'GAMMA = 6']),
+    ('experiments/cpu/main_job.gin', ['GAMMA = 3', 'DRAFT_CONFIDENCE = 0.0', "BEST_DRAFTER = 'd1'",
+                                      'main.run.max_examples = 2']),
+    ('experiments/cpu/table2/ende_d1_t0.gin', ["OUTPUT_DIR = 'x'", "DRAFTER_CHECKPOINT = 'models/cpu/d3'",
+                                               "TARGET_CHECKPOINT = 'models/cpu/target'",
+                                               'main.run.overwrite = True']),
+    ('train/cpu_target.gin', ["MODEL_DIR = 'runs/target'", "EXPORT_DIR = 'runs/target.partial'",
+                              'train.train.num_steps = 10']),
+])
+def test_bindings_in_use_are_accepted(path, bindings):
+  gin.clear_config()
+  gin_utils.parse([path], bindings)
+
+
+def test_unset_output_dir_is_one_line():
+  gin.clear_config()
+  with pytest.raises(gin_utils.GinConfigError) as e:
+    gin_utils.parse(['experiments/cpu/table2/ende_d1_t0.gin'], [])
+  assert str(e.value) == 'macro OUTPUT_DIR is used but never set: bind it, e.g. --gin.OUTPUT_DIR=VALUE.'

@@ -113,7 +113,7 @@ class TestParse:
 
   def test_absolute_path(self, tmp_path):
     path = tmp_path / 'x.gin'
-    path.write_text('VALUE = 5\n')
+    path.write_text('VALUE = 5\nUSES_OTHER = %OTHER\n')
     gin_utils.parse([str(path)], ['OTHER = 6'])
     assert gin.query_parameter('%VALUE') == 5
     assert gin.query_parameter('%OTHER') == 6
@@ -127,9 +127,9 @@ class TestParse:
       gin_utils.parse(['decoding/greedy.gin', 'no/such.gin'], [])
     assert REPO_GIN_DIR in str(e.value) or gin_utils.REPO_GIN_DIR in str(e.value)
 
-  def test_bindings_only(self):
-    gin_utils.parse([], ['A = 1'])
-    assert gin.query_parameter('%A') == 1
+  def test_bindings_only_macro_changes_nothing(self):
+    with pytest.raises(gin_utils.GinConfigError, match='no gin file uses macro A,'):
+      gin_utils.parse([], ['A = 1'])
 
   def test_command_line_round_trip(self):
     files, bindings, rest = gin_utils.split_gin_args(
@@ -137,3 +137,68 @@ class TestParse:
     assert rest == []
     gin_utils.parse(files, bindings)
     assert gin.query_parameter('%GAMMA') == 4
+
+
+class TestBindingsThatWouldChangeNothing:
+  """A command-line binding that cannot take effect is one line naming it and the closest known name."""
+
+  FILE = 'experiments/cpu/table2/ende_d1_t0.gin'  # uses GAMMA, OUTPUT_DIR, DRAFTER_CHECKPOINT, ...
+
+  def _error(self, *bindings, files=None):
+    with pytest.raises(gin_utils.GinConfigError) as e:
+      gin_utils.parse(files or [self.FILE], ["OUTPUT_DIR = '/tmp/x'"] + list(bindings))
+    message = str(e.value)
+    assert '\n' not in message  # one line: no config dump, no gin location trailer
+    return message
+
+  def test_a_misspelt_macro_names_the_one_meant(self):
+    message = self._error('GAMA = 3')
+    assert "binding 'GAMA = 3'" in message and 'no gin file uses macro GAMA' in message
+    assert message.endswith('(did you mean GAMMA?).')
+
+  def test_an_unused_macro_without_a_close_name(self):
+    message = self._error('ZZZ_UNRELATED = 3')
+    assert 'macro ZZZ_UNRELATED' in message and 'did you mean' not in message
+
+  def test_a_used_macro_binds(self):
+    gin_utils.parse([self.FILE], ["OUTPUT_DIR = '/tmp/x'", 'GAMMA = 3'])
+    assert gin.query_parameter('%GAMMA') == 3
+
+  def test_a_macro_used_only_by_another_binding_binds(self):
+    gin_utils.parse([self.FILE], ["OUTPUT_DIR = '/tmp/x'", 'MY_GAMMA = 6', 'main.run.gamma = %MY_GAMMA'])
+    assert gin.query_parameter('%MY_GAMMA') == 6
+
+  def test_a_misspelt_parameter(self):
+    message = self._error('main.run.max_exampels = 3')
+    assert 'main.run has no parameter max_exampels' in message
+    assert message.endswith('(did you mean max_examples?).')
+
+  def test_a_misspelt_configurable(self):
+    message = self._error('mian.run.gamma = 3')
+    assert 'no configurable mian.run' in message and message.endswith('(did you mean main.run?).')
+
+  def test_an_unknown_configurable_without_a_close_name(self):
+    message = self._error('nothing_like_it.fn.gamma = 3')
+    assert message == ("binding 'nothing_like_it.fn.gamma = 3': no configurable nothing_like_it.fn in these gin "
+                       'files.')
+
+  def test_a_value_that_does_not_parse(self):
+    assert 'is not a gin value' in self._error('main.run.gamma = [1')
+    assert 'is not a gin value' in self._error('main.run.gamma = ')
+
+  def test_a_macro_used_but_never_set_is_one_line(self):
+    with pytest.raises(gin_utils.GinConfigError) as e:
+      gin_utils.parse([self.FILE], [])  # OUTPUT_DIR unset
+    assert str(e.value) == 'macro OUTPUT_DIR is used but never set: bind it, e.g. --gin.OUTPUT_DIR=VALUE.'
+
+  def test_a_misspelt_macro_reference(self):
+    message = self._error('main.run.gamma = %GAMMMA')
+    assert message.startswith('macro GAMMMA is used but never set') and message.endswith('(did you mean GAMMA?).')
+
+  def test_train_bindings_are_checked_too(self):
+    message = self._error('train.train.num_stepz = 3', files=['train/cpu_target.gin'])
+    assert message.endswith('(did you mean num_steps?).')
+
+  def test_command_line_form(self):
+    _, bindings, _ = gin_utils.split_gin_args(['--gin.GAMA=3'])
+    assert 'GAMMA' in self._error(*bindings)

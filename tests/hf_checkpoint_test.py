@@ -452,3 +452,29 @@ class TestErrors:
     with pytest.raises(ValueError, match='lm_head.weight differs from '
                        'shared.weight'):
       checkpoints.restore_params(directory, config)
+
+  @pytest.mark.parametrize('keep', [0.5, 0.999, 0.00001])
+  def test_truncated_safetensors_names_the_file(self, tmp_path, keep):
+    config, directory = self._write(tmp_path, lambda t: None)
+    path = os.path.join(directory, hf_checkpoint.WEIGHTS_FILE)
+    raw = open(path, 'rb').read()
+    open(path, 'wb').write(raw[:max(4, int(len(raw) * keep))])
+    with pytest.raises(ValueError, match=f'^{path}: damaged or truncated safetensors file'):
+      checkpoints.restore_params(directory, config)
+
+  def test_truncated_shard_names_the_shard(self, t5_1_1, tmp_path):
+    directory = _copy(t5_1_1[1], tmp_path / 'm')
+    victim = hf_checkpoint.weight_files(directory)['shared.weight']
+    raw = open(victim, 'rb').read()
+    open(victim, 'wb').write(raw[:len(raw) // 2])
+    with pytest.raises(ValueError, match=f'^{victim}: damaged or truncated safetensors'):
+      checkpoints.restore_params(directory, hf_checkpoint.config_from_hf(directory))
+
+  @pytest.mark.parametrize('name', [hf_checkpoint.CONFIG_FILE, hf_checkpoint.INDEX_FILE])
+  def test_damaged_json_names_the_file(self, t5_1_1, tmp_path, name):
+    directory = _copy(t5_1_1[1], tmp_path / 'm')
+    path = os.path.join(directory, name)
+    raw = open(path, 'rb').read()
+    open(path, 'wb').write(raw[:len(raw) // 2])
+    with pytest.raises(ValueError, match=f'^{path}: damaged or incomplete JSON file'):
+      hf_checkpoint.open_leaves(directory)  # what restore_params reads first

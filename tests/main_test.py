@@ -7,7 +7,11 @@ call-cost measurement is covered by tests/benchmark_test.py and replaced by fixe
 """
 
 import json
+import math
 import os
+import shutil
+import subprocess
+import sys
 
 import gin
 import jax
@@ -17,6 +21,7 @@ import pytest
 
 from specdec import benchmark
 from specdec import checkpoints
+from specdec import fingerprint
 from specdec import main
 from specdec import profiling
 from specdec import network
@@ -44,12 +49,14 @@ def tiny_config(**overrides):
 
 @pytest.fixture(scope='module')
 def family(tmp_path_factory):
-  """models/{target,d1} (compact; d1 = a copy of the target) and models/bigram (n-gram)."""
+  """models/{target,d1,d3} (compact; d1 = a copy of the target, d3 another init) and models/bigram (n-gram)."""
   root = tmp_path_factory.mktemp('models')
   config = tiny_config()
   params = network.init_params(config, jax.random.PRNGKey(0))
   checkpoints.save_compact(str(root / 'target'), config, params, storage_dtype=jnp.float32)
   checkpoints.save_compact(str(root / 'd1'), config, params, storage_dtype=jnp.float32)
+  checkpoints.save_compact(str(root / 'd3'), config, network.init_params(config, jax.random.PRNGKey(3)),
+                           storage_dtype=jnp.float32)
   # A small-vocabulary bigram (its table is V x V).
   unigram, bigram = ngram.count([[5, 6, 7, 1], [5, 7, 1]], NGRAM_VOCAB)
   ngram.save(str(root / 'bigram'), ngram.NgramConfig(NGRAM_VOCAB, order=2), unigram, bigram)
@@ -164,7 +171,8 @@ def test_table_from_own_gin_file(family, tmp_path):
       "  table_name = 'tiny table'\n"
       "  rows = [{'task': 'specdec_summarize_local', 'drafter': 'd1', 'temperature': 0.0, 'gamma': %GAMMA}]\n")
   out = tmp_path / 'table'
-  main.main(_flags(family, out, gin_file=str(gin_file), drafter=None))
+  # The file binds no drafter checkpoint (rows name theirs), so binding DRAFTER_CHECKPOINT would be refused.
+  main.main([f for f in _flags(family, out, gin_file=str(gin_file)) if not f.startswith('--gin.DRAFTER_CHECKPOINT')])
   text = (out / 'table.md').read_text()
   assert text.startswith('## tiny table\n')
   assert '| summ. (DDTP) | d1 | 0 | 2 |' in text
@@ -214,6 +222,178 @@ def test_missing_target_checkpoint(family, tmp_path):
 def test_missing_gin_file():
   with pytest.raises(FileNotFoundError, match='no_such.gin'):
     main.main(['--gin_file=experiments/no_such.gin'])
+
+
+# -----------------------------------------------------------------------------
+# Resuming only what the same configuration wrote (fingerprint.json)
+# -----------------------------------------------------------------------------
+
+INFER = "--gin.main.run.mode='infer'"
+
+
+def _main(flags):
+  """main.main as a fresh command (it parses and locks the gin config)."""
+  gin.clear_config()
+  main.main(flags)
+
+
+def _refused(flags):
+  """The one line a refused command ends with."""
+  gin.clear_config()
+  with pytest.raises(SystemExit) as e:
+    main.main(flags)
+  message = str(e.value.code)
+  assert message.startswith('specdec: ') and '\n' not in message
+  return message
+
+
+def _files(out, names):
+  return {name: (out / name).read_bytes() for name in names}
+
+
+def test_benchmark_rerun_of_another_drafter_gamma_and_temperature_is_refused(family, tmp_path):
+  """The issue's case: d1 / t=1 measured, then d3 / γ=3 / t=0 into the same OUTPUT_DIR relabelled its numbers."""
+  out = tmp_path / 'bench'
+  _main(_flags(family, out, gin_file='experiments/cpu/table2/ende_d1_t1.gin'))
+  before = _files(out, ('benchmark.json', 'benchmark.md', 'examples.jsonl', 'fingerprint.json'))
+  message = _refused(_flags(family, out, '--gin.GAMMA=3', gin_file='experiments/cpu/table2/ende_d3_t0.gin',
+                            drafter='d3'))
+  for part in ("drafter 'd1' -> 'd3'", 'gamma 2 -> 3', 'temperature 1.0 -> 0.0',
+               f"drafter_checkpoint '{family['root'] / 'd1'}' -> '{family['root'] / 'd3'}'", 'drafter_content',
+               'use a new OUTPUT_DIR, or --gin.main.run.overwrite=True'):
+    assert part in message
+  assert _files(out, before) == before  # nothing relabelled
+  recorded = json.loads(before['benchmark.json'])['fingerprint']
+  assert recorded == fingerprint.read(str(out))
+  assert recorded['target_content'] == fingerprint.checkpoint_digest(str(family['root'] / 'target'))
+
+
+def test_infer_rerun_with_another_gamma_is_refused_and_overwrite_starts_afresh(family, tmp_path):
+  out = tmp_path / 'infer'
+  _main(_flags(family, out, INFER))
+  (out / 'notes.txt').write_text('mine')
+  before = _files(out, ('predictions.jsonl', 'statistics.json'))
+  assert 'gamma 2 -> 3' in _refused(_flags(family, out, INFER, '--gin.GAMMA=3'))
+  assert _files(out, before) == before
+
+  _main(_flags(family, out, INFER, '--gin.GAMMA=3', '--gin.main.run.overwrite=True'))
+  assert json.loads((out / 'statistics.json').read_text())['setting']['gamma'] == 3
+  assert fingerprint.read(str(out))['gamma'] == 3
+  preds = _jsonl(out / 'predictions.jsonl')
+  assert [p['index'] for p in preds] == [0, 1]  # decoded afresh with γ = 3 (every draft kept: γ + 1 per call)
+  assert all(p['target_calls'] == math.ceil(p['emitted'] / 4) for p in preds)
+  assert (out / 'notes.txt').read_text() == 'mine'  # only the run's own outputs were discarded
+
+
+def test_eval_of_another_task_into_an_infer_directory_is_refused(family, tmp_path):
+  out = tmp_path / 'run'
+  _main(_flags(family, out, INFER))
+  message = _refused(_flags(family, out, "--gin.main.run.mode='eval'",
+                            gin_file='experiments/cpu/table2/summ_d1_t0.gin'))
+  assert "task 'specdec_ende_local' -> 'specdec_summarize_local'" in message
+  assert not (out / 'metrics.json').exists()
+  # 'eval' of the same configuration scores the 'infer' run's predictions (they share predictions.jsonl).
+  _main(_flags(family, out, "--gin.main.run.mode='eval'"))
+  assert json.loads((out / 'metrics.json').read_text())['statistics']['examples'] == 2
+
+
+def test_fewer_examples_than_the_directory_holds_is_refused(family, tmp_path):
+  out = tmp_path / 'infer'
+  _main(_flags(family, out, INFER, '--gin.main.run.max_examples=3'))
+  message = _refused(_flags(family, out, INFER))  # max_examples=2
+  assert 'max_examples 3 -> 2 (it holds up to 3 examples: max_examples may grow, not shrink)' in message
+  assert json.loads((out / 'statistics.json').read_text())['statistics']['examples'] == 3
+
+
+def test_outputs_from_before_fingerprints_are_refused(family, tmp_path):
+  out = tmp_path / 'old'
+  _main(_flags(family, out, INFER))
+  os.remove(out / fingerprint.FILE_NAME)
+  message = _refused(_flags(family, out, INFER))
+  assert 'holds predictions.jsonl, statistics.json written without a fingerprint.json' in message
+  assert message.endswith('or --gin.main.run.overwrite=True to discard them and start afresh.')
+
+
+def test_another_mode_into_the_same_directory_is_refused(family, tmp_path):
+  out = tmp_path / 'run'
+  _main(_flags(family, out, INFER))
+  assert "outputs 'predictions' -> 'benchmark';" in _refused(_flags(family, out))  # the file's mode: benchmark
+
+
+def test_a_checkpoint_changed_in_place_is_refused(family, tmp_path):
+  models = tmp_path / 'models'
+  for name in ('target', 'd1'):
+    shutil.copytree(family['root'] / name, models / name)
+  out = tmp_path / 'infer'
+  flags = [f for f in _flags(family, out, INFER)
+           if not f.startswith(('--gin.TARGET_CHECKPOINT', '--gin.DRAFTER_CHECKPOINT'))]
+  flags += [f"--gin.TARGET_CHECKPOINT='{models / 'target'}'", f"--gin.DRAFTER_CHECKPOINT='{models / 'd1'}'"]
+  _main(flags)
+  shutil.copy(family['root'] / 'd3' / 'params.msgpack', models / 'd1' / 'params.msgpack')  # retrained in place
+  message = _refused(flags)
+  assert 'drafter_content' in message and 'drafter_checkpoint' not in message and 'target_content' not in message
+
+
+def _one_row_table(tmp_path):
+  gin_file = tmp_path / 'table.gin'
+  gin_file.write_text(
+      "include 'experiments/cpu/base.gin'\n"
+      'from __gin__ import dynamic_registration\n'
+      'from specdec import main\n'
+      'main.run:\n'
+      "  mode = 'table'\n"
+      "  rows = [{'task': 'specdec_ende_local', 'drafter': 'd1', 'temperature': 0.0, 'gamma': %GAMMA}]\n")
+  return str(gin_file)
+
+
+def test_table_rows_are_checked_before_any_model_loads(family, tmp_path, monkeypatch):
+  out = tmp_path / 'table'
+  flags = [f for f in _flags(family, out, gin_file=_one_row_table(tmp_path))
+           if not f.startswith('--gin.DRAFTER_CHECKPOINT')]
+  _main(flags)
+  assert fingerprint.read(str(out)) == {'outputs': 'table'}
+
+  def no_loading(*args, **kwargs):
+    raise AssertionError('a model was loaded before the fingerprints were checked')
+
+  monkeypatch.setattr(main, 'load_network', no_loading)
+  message = _refused(flags + ['--gin.main.run.seed=1'])
+  assert f"{out / 'specdec_ende_local_d1_t0_g2'} holds outputs of another configuration: seed 0 -> 1;" in message
+
+
+def test_an_interrupted_infer_resumes_to_the_uninterrupted_outputs(family, tmp_path):
+  flags = lambda out: _flags(family, out, INFER, '--gin.main.run.max_examples=3')
+  whole, cut = tmp_path / 'whole', tmp_path / 'cut'
+  _main(flags(whole))
+  _main(flags(cut))
+  lines = (cut / 'predictions.jsonl').read_text().splitlines(keepends=True)
+  (cut / 'predictions.jsonl').write_text(lines[0] + lines[1][:20])  # killed while writing the second record
+  os.remove(cut / 'statistics.json')
+  _main(flags(cut))
+  assert _files(cut, ('predictions.jsonl', 'statistics.json', 'fingerprint.json')) == _files(
+      whole, ('predictions.jsonl', 'statistics.json', 'fingerprint.json'))
+
+
+def test_a_missing_output_dir_is_one_line():
+  assert _refused(['--gin_file=experiments/cpu/table2/ende_d1_t0.gin']) == (
+      'specdec: macro OUTPUT_DIR is used but never set: bind it, e.g. --gin.OUTPUT_DIR=VALUE.')
+
+
+def test_a_misspelt_macro_is_one_line_and_runs_nothing(family, tmp_path):
+  message = _refused(_flags(family, tmp_path / 'out', '--gin.GAMA=3'))
+  assert message == ("specdec: binding 'GAMA = 3': no gin file uses macro GAMA, so it would change nothing "
+                     '(did you mean GAMMA?).')
+  assert not (tmp_path / 'out').exists()
+
+
+def test_importing_main_keeps_tensorflow_quiet_and_off_accelerators():
+  code = ('import os, specdec.main, tensorflow as tf; '
+          "print(os.environ.get('TF_CPP_MIN_LOG_LEVEL'), tf.config.get_visible_devices('GPU'))")
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='1')
+  done = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, env=env, check=True)
+  assert done.stdout.split() == ['1', '[]']  # JAX's (shared) log level is left as it was
+  for noise in ('oneDNN', 'cuInit', 'cudart', 'absl::InitializeLog'):
+    assert noise not in done.stderr
 
 
 # -----------------------------------------------------------------------------

@@ -198,6 +198,46 @@ class TestValidation:
     with pytest.raises(ValueError, match='outside'):
       predict(params, bad)
 
+  @pytest.mark.parametrize('key, shape', [
+      ('encoder_input_tokens', (6, 0)), ('encoder_input_tokens', (0, 9)),
+      ('decoder_input_tokens', (6, 0))])
+  def test_empty_features_are_refused(self, spec_model, params, key, shape):
+    batch = dict(_batch(), **{key: jnp.zeros(shape, jnp.int32)})
+    if shape[0] == 0:
+      batch['decoder_input_tokens'] = jnp.zeros((0, 12), jnp.int32)
+    want = rf'{key} is empty \(shape \({shape[0]}, {shape[1]}\)\)'
+    with pytest.raises(ValueError, match=want):
+      spec_model.compile_predict({'temperature': 0.0, 'gamma': 2})(params, batch)
+    with pytest.raises(ValueError, match=want):  # also under the caller's jit
+      jax.jit(lambda p, b: spec_model.predict_batch_with_aux(p, b))(params, batch)
+
+  def test_out_of_vocabulary_ids_fail_under_the_callers_jit(self, spec_model, params):
+    """Traced ids cannot be checked eagerly: the check is compiled in."""
+    decoder_params = {'temperature': 0.0, 'gamma': 2}
+    predict = jax.jit(lambda p, b: spec_model.predict_batch_with_aux(
+        p, b, decoder_params=decoder_params))
+    # compile_predict called inside another jit checks the same way.
+    outer = jax.jit(spec_model.compile_predict(decoder_params))
+    good = _batch()
+    decodes, _ = predict(params, good)
+    want, _ = spec_model.compile_predict(decoder_params)(params, good)
+    np.testing.assert_array_equal(decodes, want)
+    np.testing.assert_array_equal(outer(params, good)[0], want)
+    for key in ('encoder_input_tokens', 'decoder_input_tokens'):
+      for bad_id in (VOCAB, VOCAB + 100, -1):
+        bad = dict(good, **{key: good[key].at[1, 2].set(bad_id)})
+        for fn in (predict, outer):
+          with pytest.raises(Exception, match=rf'{key} holds ids outside \[0, {VOCAB}\) '
+                             r'\(checked inside the compiled function\)'):
+            jax.block_until_ready(fn(params, bad))
+
+  def test_compile_predict_checks_ids_eagerly_not_in_the_graph(self, spec_model, params):
+    batch = _batch()
+    lower = lambda **kw: jax.jit(lambda p, b: spec_model.predict_batch_with_aux(
+        p, b, **kw)).lower(params, batch).as_text()
+    assert 'callback' in lower()
+    assert 'callback' not in lower(check_traced_ids=False)
+
   def test_short_cache_is_refused(self, params):
     model = models.SpeculativeEncoderDecoderModel(
         network.Transformer(TARGET_CFG), network.Transformer(DRAFTER_CFG))

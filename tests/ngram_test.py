@@ -1,5 +1,8 @@
 """Tests for specdec/ngram.py: counts, tables, the decoding interface."""
 
+import hashlib
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -76,6 +79,70 @@ def test_save_load_round_trip(tmp_path):
   assert module.config == ngram.NgramConfig(V, order=2)
   with pytest.raises(FileNotFoundError, match='No (config.json|counts.npz)'):
     ngram.load(str(tmp_path))
+
+
+def _saved(tmp_path, extra=None):
+  unigram, bigram = ngram.count(SEQS, V)
+  directory = tmp_path / 'ng'
+  ngram.save(str(directory), ngram.NgramConfig(V, order=2), unigram, bigram, extra=extra)
+  return directory
+
+
+def test_save_records_the_counts_hash(tmp_path):
+  directory = _saved(tmp_path, extra={'command': 'x'})
+  meta = json.loads((directory / ngram.CONFIG_FILE).read_text())
+  data = (directory / ngram.COUNTS_FILE).read_bytes()
+  assert meta['files'] == {ngram.COUNTS_FILE: hashlib.sha256(data).hexdigest()}
+  assert meta['command'] == 'x'
+  with pytest.raises(ValueError, match='files'):
+    _saved(tmp_path, extra={'files': {}})
+
+
+def _damage(path, how):
+  raw = bytearray(path.read_bytes())
+  if how == 'truncate':
+    raw = raw[:len(raw) // 2]
+  else:  # overwrite bytes in the middle, same size
+    raw[len(raw) // 2:len(raw) // 2 + 8] = b'\xff' * 8
+  path.write_bytes(bytes(raw))
+
+
+@pytest.mark.parametrize('how', ['truncate', 'overwrite'])
+def test_damaged_counts_name_the_file(tmp_path, how):
+  directory = _saved(tmp_path)
+  path = directory / ngram.COUNTS_FILE
+  _damage(path, how)
+  with pytest.raises(ValueError, match=f'^{path}: damaged, truncated or modified'):
+    ngram.load(str(directory))
+
+
+@pytest.mark.parametrize('how', ['truncate', 'overwrite'])
+def test_damaged_counts_without_hashes(tmp_path, how):
+  """A directory saved before hashes existed: the zip's own checks name the file."""
+  directory = _saved(tmp_path)
+  meta_path = directory / ngram.CONFIG_FILE
+  meta = json.loads(meta_path.read_text())
+  del meta['files']
+  meta_path.write_text(json.dumps(meta))
+  assert ngram.load(str(directory))[0].config.order == 2  # the old format loads
+  path = directory / ngram.COUNTS_FILE
+  _damage(path, how)
+  with pytest.raises(ValueError, match=f'^{path}: damaged or truncated counts file'):
+    ngram.load(str(directory))
+
+
+@pytest.mark.parametrize('content, match', [
+    (b'{"ngram_config": {"vocab_size": 16, "ord', 'damaged or incomplete config file'),
+    (b'{"config": {}}', "no valid 'ngram_config'"),
+    (b'{"ngram_config": {"order": 2}}', "no valid 'ngram_config'"),
+])
+def test_bad_config_json_names_the_file(tmp_path, content, match):
+  directory = _saved(tmp_path)
+  path = directory / ngram.CONFIG_FILE
+  path.write_bytes(content)
+  with pytest.raises(ValueError, match=match) as e:
+    checkpoints.load_module_and_params(str(directory))
+  assert str(e.value).startswith(f'{path}: ')
 
 
 @pytest.mark.parametrize('order', [1, 2])

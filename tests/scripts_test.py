@@ -41,3 +41,71 @@ def test_needed_alpha_takes_the_best_gamma_and_says_unreachable():
   assert alpha == pytest.approx(min(reachable))
   assert 1 <= gamma <= 10
   assert ablate.needed_alpha({'c_in_situ': 0.9, 'a_over_t_tok': 5.0}, 2.0, 3) == (None, None)
+
+
+# -----------------------------------------------------------------------------
+# ablate: runs are kept or resumed only for the same configuration
+# -----------------------------------------------------------------------------
+
+
+def _ablate_args(tmp_path, **overrides):
+  import argparse  # pylint: disable=g-import-not-at-top
+  models = tmp_path / 'models'
+  for name in ('target', 'd1'):
+    (models / name).mkdir(parents=True, exist_ok=True)
+    (models / name / 'config.json').write_text('{"name": "%s"}' % name)
+    (models / name / 'params.msgpack').write_bytes(name.encode())
+  fields = dict(models=str(models), out=str(tmp_path / 'out'), max_examples=4, repeats=1, seed=0,
+                overwrite=False, corpus_dir=None)
+  fields.update(overrides)
+  return argparse.Namespace(**fields)
+
+
+GRID = [('d1', 'ende', 0.0, 2)]
+
+
+def _finish(plan):
+  from specdec import benchmark, fingerprint  # pylint: disable=g-import-not-at-top
+  fingerprint.prepare(plan['dir'], plan['fingerprint'], benchmark.OUTPUT_FILES)
+  with open(os.path.join(plan['dir'], 'benchmark.json'), 'w') as f:
+    f.write('{}')
+
+
+def test_ablate_keeps_a_finished_run_of_the_same_configuration(tmp_path):
+  [plan] = ablate.plan_runs(_ablate_args(tmp_path), GRID)
+  assert plan['name'] == 'ende_d1_t0_g2' and plan['fingerprint']['gamma'] == 2
+  assert plan['fingerprint']['drafter_checkpoint'].endswith('models/d1')
+  assert ablate.refusals([plan]) == [] and not ablate.is_finished(plan)
+  _finish(plan)
+  assert ablate.refusals([plan]) == [] and ablate.is_finished(plan)
+  # More examples: not finished, resumed (extended).
+  [more] = ablate.plan_runs(_ablate_args(tmp_path, max_examples=8), GRID)
+  assert ablate.refusals([more]) == [] and not ablate.is_finished(more)
+
+
+@pytest.mark.parametrize('overrides, change, expected', [
+    ({'repeats': 3}, None, 'repeats 1 -> 3'),
+    ({'seed': 7}, None, 'seed 0 -> 7'),
+    ({'max_examples': 2}, None, 'max_examples 4 -> 2'),
+    ({}, 'd1', 'drafter_content'),
+])
+def test_ablate_refuses_a_run_of_another_configuration_before_measuring(tmp_path, overrides, change, expected):
+  [plan] = ablate.plan_runs(_ablate_args(tmp_path), GRID)
+  _finish(plan)
+  args = _ablate_args(tmp_path, **overrides)
+  if change:  # the drafter retrained in place
+    with open(os.path.join(args.models, change, 'params.msgpack'), 'wb') as f:
+      f.write(b'retrained, longer')
+  [reason] = ablate.refusals(ablate.plan_runs(args, GRID))
+  assert expected in reason and reason.endswith(f'; {ablate.REMEDY}.')
+  with pytest.raises(SystemExit, match='^ablate: .*' + expected.replace('(', r'\(')):
+    ablate._run_all(args, GRID)  # pylint: disable=protected-access  (refused before any model loads)
+
+
+def test_ablate_refuses_runs_from_before_fingerprints(tmp_path):
+  [plan] = ablate.plan_runs(_ablate_args(tmp_path), GRID)
+  os.makedirs(plan['dir'])
+  with open(os.path.join(plan['dir'], 'benchmark.json'), 'w') as f:
+    f.write('{}')
+  [reason] = ablate.refusals([plan])
+  assert 'holds benchmark.json written without a fingerprint.json' in reason and '--overwrite' in reason

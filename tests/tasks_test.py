@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -219,6 +220,58 @@ def test_missing_corpus_raises_with_build_hint(tmp_path):
           LENGTHS, split="train", shuffle=False)
   finally:
     tasks.register_local_tasks()
+
+
+def _corpus_with_bad_line(tmp_path, line_no=3):
+  """A copy of the fixture corpus whose translation train split has a
+  non-UTF-8 byte on line `line_no`."""
+  corpus = tmp_path / "corpus"
+  shutil.copytree(FIXTURE_CORPUS, corpus)
+  path = corpus / "translate_en_de" / "train.jsonl"
+  lines = path.read_bytes().split(b"\n")
+  lines[line_no - 1] = lines[line_no - 1].replace(b"e", b"\xe9", 1)
+  path.write_bytes(b"\n".join(lines))
+  return str(corpus), str(path)
+
+
+def test_non_utf8_line_names_file_and_line(tmp_path):
+  corpus, path = _corpus_with_bad_line(tmp_path)
+  want = f"^{path}:3: not UTF-8"
+  try:
+    tasks.register_local_tasks(corpus_dir=corpus)
+    task = seqio.get_mixture_or_task(tasks.ENDE_LOCAL_TASK)
+    # Raised when the dataset is built, not from inside TensorFlow's iterator.
+    with pytest.raises(ValueError, match=want):
+      task.get_dataset(LENGTHS, split="train", shuffle=False)
+    with pytest.raises(ValueError, match=want):
+      task.num_input_examples("train")
+    with pytest.raises(ValueError, match=want):
+      seqio.get_dataset(tasks.LOCAL_MIXTURE, LENGTHS, dataset_split="train", shuffle=False,
+                        feature_converter=seqio.EncDecFeatureConverter(pack=False))
+    # The other splits and the other corpus are fine.
+    assert task.num_input_examples("validation") == FIXTURE_ROWS["validation"]
+    other = seqio.get_mixture_or_task(tasks.SUMMARIZE_LOCAL_TASK)
+    assert other.num_input_examples("train") == FIXTURE_ROWS["train"]
+  finally:
+    tasks.register_local_tasks()
+
+
+def test_jsonl_check_is_cached_per_file_version(tmp_path, monkeypatch):
+  corpus, path = _corpus_with_bad_line(tmp_path)
+  os.remove(path)
+  shutil.copy(os.path.join(FIXTURE_CORPUS, "translate_en_de", "train.jsonl"), path)
+  calls = []
+  real = tasks.corpora.count_jsonl_rows
+  monkeypatch.setattr(tasks.corpora, "count_jsonl_rows",
+                      lambda lines, where: calls.append(where) or real(lines, where))
+  assert tasks.count_jsonl_rows(path) == FIXTURE_ROWS["train"]
+  assert tasks.count_jsonl_rows(path) == FIXTURE_ROWS["train"]
+  assert calls == [path]
+  # A rewritten file (new size / mtime) is checked again.
+  with open(path, "ab") as f:
+    f.write(b'{"inputs": "x", "targets": "\xff"}\n')
+  with pytest.raises(ValueError, match=f"^{path}:{FIXTURE_ROWS['train'] + 1}: not UTF-8"):
+    tasks.count_jsonl_rows(path)
 
 
 # --------------------------------------------------------------------------

@@ -13,12 +13,14 @@ functions, so the runs are few and shared through module-scoped fixtures:
 """
 
 import contextlib
+import dataclasses
 import functools
 import io
 import json
 import math
 import os
 import shutil
+import time
 
 import jax
 import jax.numpy as jnp
@@ -335,7 +337,7 @@ class TestLossFn:
     want = np.sum(nll * weights) / weights.sum()
     assert float(loss) == pytest.approx(want, rel=1e-5)
     assert float(metrics['ce']) == pytest.approx(want, rel=1e-5)
-    assert 'kl' not in metrics
+    assert 'fkl' not in metrics
     # eval_loss gives the same (sum, count).
     total, count = jax.jit(functools.partial(train.eval_loss, SMALL_MODULE))(
         params, small_batch)
@@ -369,7 +371,7 @@ class TestLossFn:
     (loss, metrics), grads = _small_loss(params, params, small_batch,
                                          distill_weight=1.0, with_teacher=True,
                                          with_grad=True)
-    assert float(metrics['kl']) == pytest.approx(0.0, abs=1e-6)
+    assert float(metrics['fkl']) == pytest.approx(0.0, abs=1e-6)
     assert float(loss) == pytest.approx(0.0, abs=1e-6)
     assert float(metrics['ce']) > 1.0
     # KL(p || q) is minimal at q = p: no gradient.
@@ -393,7 +395,7 @@ class TestLossFn:
     weights = np.asarray(small_batch['decoder_loss_weights'], np.float64)
     want_kl = np.sum(kl * weights) / weights.sum()
     assert want_kl > 1e-3
-    assert float(metrics['kl']) == pytest.approx(want_kl, rel=1e-4)
+    assert float(metrics['fkl']) == pytest.approx(want_kl, rel=1e-4)
     assert float(loss) == pytest.approx(
         (1 - weight) * float(metrics['ce']) + weight * want_kl, rel=1e-4)
     assert _norm(grads) > 1e-4
@@ -415,7 +417,7 @@ class TestLossFn:
                                      distill_weight=0.0, with_teacher=True)
     (plain, _), _ = _small_loss(student, student, small_batch)
     assert float(loss) == pytest.approx(float(plain), rel=1e-6)
-    assert 'kl' not in metrics
+    assert 'fkl' not in metrics
 
 
 # -----------------------------------------------------------------------------
@@ -470,7 +472,7 @@ class TestFirstRun:
       assert r['grad_norm'] > 0 and r['tokens_per_s'] > 0
       # Without a teacher the loss is the logged ce (which includes z-loss).
       assert r['loss'] == pytest.approx(r['ce'], rel=1e-6)
-      assert 'kl' not in r
+      assert 'fkl' not in r
     evals = [r for r in first_run['log'] if r['kind'] == 'eval']
     assert len(evals) == 1 and evals[0]['step'] == FIRST_STEPS
 
@@ -617,6 +619,183 @@ class TestResume:
 
 
 # -----------------------------------------------------------------------------
+# A killed run, resumed: the log has no replayed steps, runs.jsonl keeps it.
+# -----------------------------------------------------------------------------
+
+KILLED_STEPS = 24  # the killed run's goal; it dies after KILLED_AFTER batches
+KILLED_AFTER = 6   # steps 17..22: checkpoint 20 written, 21 and 22 only logged
+
+
+class _Killed(Exception):
+  pass
+
+
+def _dies_after(n):
+  """A train.train_batches whose training batches end in _Killed after `n`."""
+  real = train.train_batches
+
+  def batches(*args, **kwargs):
+    it = real(*args, **kwargs)
+    if kwargs.get('split', 'train') != 'train':
+      return it
+
+    def dying():
+      for i, batch in enumerate(it):
+        if i == n:
+          raise _Killed()
+        yield batch
+
+    return dying()
+
+  return batches
+
+
+def _wait_for_step(model_dir, step, timeout_s=60):
+  """The killed run's async checkpoint save finishes in this process's background."""
+  deadline = time.time() + timeout_s
+  while step not in _all_steps(model_dir) and time.time() < deadline:
+    time.sleep(0.2)
+
+
+@pytest.fixture(scope='module')
+def killed_run(first_run):
+  """first_run's model dir trained on towards KILLED_STEPS, killed, then resumed."""
+  model_dir = os.path.join(first_run['root'], 'killed')
+  shutil.copytree(first_run['model_dir'], model_dir)
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(train, 'train_batches', _dies_after(KILLED_AFTER))
+    with pytest.raises(_Killed):
+      _run(model_dir, num_steps=KILLED_STEPS)
+  _wait_for_step(model_dir, 20)
+  killed = dict(log=_log(model_dir), runs=_records(model_dir), steps=_all_steps(model_dir))
+  export_dir = os.path.join(first_run['root'], 'killed_export')
+  record, printed = _run(model_dir, num_steps=KILLED_STEPS, export_dir=export_dir)
+  with open(os.path.join(export_dir, checkpoints.CONFIG_FILE)) as f:
+    exported = json.load(f)['train']
+  return dict(model_dir=model_dir, killed=killed, printed=printed, record=record,
+              log=_log(model_dir), runs=_records(model_dir), exported=exported)
+
+
+def _records(model_dir):
+  with open(os.path.join(model_dir, 'runs.jsonl')) as f:
+    return [json.loads(line) for line in f]
+
+
+class TestKilledAndResumed:
+
+  def test_killed_run_left_its_record(self, killed_run):
+    killed = killed_run['killed']
+    assert killed['steps'] == [16, 20]
+    assert [r['step'] for r in killed['log'] if r['kind'] == 'train'] == list(range(1, 23))
+    first, running = killed['runs']
+    assert (first['from_step'], first['to_step'], first['status']) == (0, 16, 'finished')
+    # Written at start, rewritten at each checkpoint: the last one is step 20.
+    assert (running['from_step'], running['to_step'], running['status']) == (16, 20, 'running')
+    assert running['minutes'] > 0 and running['command'].startswith('python -m specdec.train')
+
+  def test_resumes_at_the_checkpoint(self, killed_run):
+    printed = killed_run['printed']
+    assert f"Resumed from {killed_run['model_dir']} at step 20." in printed
+    assert 'Dropped 2 records past step 20' in printed
+    assert f'step 21/{KILLED_STEPS}  loss' in printed
+    assert killed_run['record']['step'] == KILLED_STEPS
+
+  def test_log_has_each_step_once(self, killed_run):
+    steps = [r['step'] for r in killed_run['log'] if r['kind'] == 'train']
+    assert steps == list(range(1, KILLED_STEPS + 1))
+    assert [r['step'] for r in killed_run['log'] if r['kind'] == 'eval'] == [
+        FIRST_STEPS, KILLED_STEPS]
+
+  def test_runs_record_every_run(self, killed_run):
+    runs = killed_run['runs']
+    assert [(r['from_step'], r['to_step'], r['status']) for r in runs] == [
+        (0, FIRST_STEPS, 'finished'), (FIRST_STEPS, 20, 'interrupted'),
+        (20, KILLED_STEPS, 'finished')]
+    assert len({r['run_id'] for r in runs}) == 3
+    exported = killed_run['exported']
+    assert exported['runs'] == runs
+    assert exported['minutes'] == pytest.approx(sum(r['minutes'] for r in runs))
+
+
+def test_drop_log_after(tmp_path):
+  path = str(tmp_path / 'train_log.jsonl')
+  assert train.drop_log_after(path, 3) == 0 and not os.path.exists(path)
+  records = [{'step': s, 'kind': 'train'} for s in range(1, 7)] + [{'step': 4, 'kind': 'eval'}]
+  with open(path, 'w') as f:
+    f.writelines(json.dumps(r) + '\n' for r in records)
+  assert train.drop_log_after(path, 4) == 2
+  assert _log(str(tmp_path)) == [r for r in records if r['step'] <= 4]
+  assert train.drop_log_after(path, 4) == 0
+
+
+def test_put_run_record(tmp_path):
+  path = str(tmp_path / 'runs.jsonl')
+  old = {'started': 'x', 'minutes': 1.0, 'from_step': 0, 'to_step': 5, 'command': 'c'}
+  with open(path, 'w') as f:
+    f.write(json.dumps(old) + '\n')  # a record written before run ids existed
+  train.put_run_record(path, {'run_id': 'a', 'to_step': 7, 'status': 'running'})
+  train.put_run_record(path, {'run_id': 'a', 'to_step': 9, 'status': 'running'})
+  assert _records(str(tmp_path)) == [old, {'run_id': 'a', 'to_step': 9, 'status': 'running'}]
+  # A new run marks a record left 'running' (its run was killed) as interrupted.
+  train.put_run_record(path, {'run_id': 'b', 'to_step': 9, 'status': 'running'})
+  assert [(r.get('run_id'), r.get('status')) for r in _records(str(tmp_path))] == [
+      (None, None), ('a', 'interrupted'), ('b', 'running')]
+
+
+# -----------------------------------------------------------------------------
+# A damaged latest checkpoint: reported, moved aside, the previous one used.
+# -----------------------------------------------------------------------------
+
+
+def _damage_step(model_dir, step):
+  """Truncates every file of checkpoint `step` to half (a disk or copy gone wrong)."""
+  for root, _, files in os.walk(os.path.join(model_dir, 'checkpoints', str(step))):
+    for name in files:
+      path = os.path.join(root, name)
+      with open(path, 'rb') as f:
+        data = f.read()
+      with open(path, 'wb') as f:
+        f.write(data[:len(data) // 2])
+
+
+class TestDamagedCheckpoint:
+
+  def test_falls_back_to_the_previous_checkpoint(self, first_run, tmp_path):
+    model_dir = str(tmp_path / 'damaged')
+    shutil.copytree(first_run['model_dir'], model_dir)
+    _damage_step(model_dir, FIRST_STEPS)
+    record, printed = _run(model_dir, num_steps=FIRST_STEPS)
+    previous = FIRST_STEPS - CHECKPOINT_EVERY
+    checkpoint_dir = os.path.join(model_dir, 'checkpoints')
+    assert f'Checkpoint step {FIRST_STEPS} in {checkpoint_dir} is damaged or unreadable (' in printed
+    moved = os.listdir(os.path.join(model_dir, 'damaged_checkpoints'))
+    assert len(moved) == 1 and moved[0].startswith(f'{FIRST_STEPS}-')
+    assert f'falling back to step {previous}.' in printed
+    assert f'Resumed from {model_dir} at step {previous}.' in printed
+    assert printed.count('Traceback') == 0
+    # Trained again from `previous`: a fresh, restorable checkpoint FIRST_STEPS.
+    assert record['step'] == FIRST_STEPS
+    assert _all_steps(model_dir) == [previous, FIRST_STEPS]
+    assert int(_restore(model_dir, FIRST_STEPS)['step']) == FIRST_STEPS
+    steps = [r['step'] for r in _log(model_dir, 'train')]
+    assert steps == list(range(1, FIRST_STEPS + 1))
+    assert _runs(model_dir) == [(0, FIRST_STEPS), (previous, FIRST_STEPS)]
+
+  def test_none_restorable_is_a_clear_error(self, first_run, tmp_path):
+    model_dir = str(tmp_path / 'all_damaged')
+    shutil.copytree(first_run['model_dir'], model_dir)
+    for step in first_run['steps']:
+      _damage_step(model_dir, step)
+    checkpoint_dir = os.path.join(model_dir, 'checkpoints')
+    with pytest.raises(ValueError, match=f'^{checkpoint_dir}: no checkpoint can be restored: '
+                       f'step {FIRST_STEPS}: .*; step {FIRST_STEPS - CHECKPOINT_EVERY}: '):
+      _run(model_dir, num_steps=FIRST_STEPS + 4)
+    # Nothing moved: the user decides.
+    assert sorted(os.listdir(checkpoint_dir)) == sorted(str(s) for s in first_run['steps'])
+    assert not os.path.exists(os.path.join(model_dir, 'damaged_checkpoints'))
+
+
+# -----------------------------------------------------------------------------
 # max_minutes.
 # -----------------------------------------------------------------------------
 
@@ -662,8 +841,8 @@ class TestDistillationRun:
     assert [r['step'] for r in logged] == [1, 2]
     for r in logged:
       # A fresh student against the trained teacher: KL > 0.
-      assert r['kl'] > 1e-3
-      assert r['loss'] == pytest.approx(0.5 * r['ce'] + 0.5 * r['kl'], rel=1e-5)
+      assert r['fkl'] > 1e-3
+      assert r['loss'] == pytest.approx(0.5 * r['ce'] + 0.5 * r['fkl'], rel=1e-5)
     with open(os.path.join(export_dir, checkpoints.CONFIG_FILE)) as f:
       assert json.load(f)['train']['teacher_dir'] == first_run['export_dir']
 
@@ -742,3 +921,35 @@ class TestMainWithGin:
   def test_optimizer_name_binding_applies(self, stopped_main):
     seen = stopped_main("--gin.train.make_optimizer.name='adamw'")
     assert [name for name, _ in seen['optimizers']] == ['adamw']
+
+
+# -----------------------------------------------------------------------------
+# init_matching_only: a different shape starts from the parameters it shares.
+# -----------------------------------------------------------------------------
+
+
+def test_matching_params_takes_shared_paths_and_shapes(small_params):
+  params, _ = small_params
+  one_layer = dataclasses.replace(SMALL, num_decoder_layers=1)
+  fresh = network.init_params(one_layer, jax.random.PRNGKey(9))
+  got = train._matching_params(fresh, params, 'small')
+  flat_got = dict(jax.tree_util.tree_leaves_with_path(got))
+  flat_init = {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_leaves_with_path(params)}
+  flat_fresh = {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_leaves_with_path(fresh)}
+  for path, leaf in flat_got.items():
+    key = jax.tree_util.keystr(path)
+    same_shape = key in flat_init and flat_init[key].shape == leaf.shape
+    np.testing.assert_array_equal(np.asarray(leaf),
+                                  np.asarray(flat_init[key] if same_shape else flat_fresh[key]))
+  # The encoder and the first decoder layer came from the two-layer model.
+  np.testing.assert_array_equal(np.asarray(got['decoder']['layers_0']['mlp']['wi_0']['kernel']),
+                                np.asarray(params['decoder']['layers_0']['mlp']['wi_0']['kernel']))
+
+
+def test_matching_params_with_nothing_shared_is_an_error(small_params):
+  params, _ = small_params
+  wider = dataclasses.replace(SMALL, emb_dim=SMALL.emb_dim * 2, vocab_size=SMALL.vocab_size * 2,
+                              num_encoder_layers=1, num_decoder_layers=1)
+  fresh = network.init_params(wider, jax.random.PRNGKey(9))
+  with pytest.raises(ValueError, match='shares no parameter'):
+    train._matching_params(fresh, {'other': np.zeros(3)}, 'elsewhere')

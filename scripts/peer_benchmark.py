@@ -1,0 +1,91 @@
+"""specdec beside Hugging Face assisted generation on the same weights (issue 11).
+
+  pip install -e '.[peers]'
+  python scripts/peer_benchmark.py --target target --drafter d1kd --task ende --gamma 4 --examples 16
+
+Exports the target and the drafter (compact directories, e.g. models/cpu/<name>) to transformers T5 and, in one
+process, on the first examples of a local test split, times HF `generate` (greedy / sampling), HF assisted
+generation (constant γ drafts, transformers 5's default schedule, optionally transformers 4's heuristic one) and
+our baseline and speculative decoding (fixed γ and adaptive drafting), interleaved example by example. Writes
+`<out>/<run>.{md,json,png}` (`specdec.peers.run`). Measure on a quiet machine.
+"""
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
+
+from specdec import peers  # pylint: disable=g-import-not-at-top
+from specdec import tasks
+
+TASKS = {'ende': (tasks.ENDE_LOCAL_TASK, {'inputs': 96, 'targets': 48}),
+         'summarize': (tasks.SUMMARIZE_LOCAL_TASK, {'inputs': 96, 'targets': 48})}
+EMBEDDED_TEST_SLICES = os.path.join(tasks.PACKAGE_DIR, 'assets', 'test_slices')
+
+
+def _model_dir(name: str, models_dir: str) -> str:
+  return name if os.path.isdir(name) else os.path.join(models_dir, name)
+
+
+def parse_args(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument('--target', default='target', help='name under --models, or a directory')
+  parser.add_argument('--drafter', default='d1kd', help='name under --models, or a directory')
+  parser.add_argument('--models', default='models/cpu')
+  parser.add_argument('--task', choices=sorted(TASKS), default='ende')
+  parser.add_argument('--split', default='test')
+  parser.add_argument('--inputs_length', type=int, default=None)
+  parser.add_argument('--targets_length', type=int, default=None)
+  parser.add_argument('--examples', type=int, default=16)
+  parser.add_argument('--gamma', type=int, default=4)
+  parser.add_argument('--temperatures', type=float, nargs='+', default=[0.0, 1.0])
+  parser.add_argument('--hf_settings', nargs='+', default=['constant', 'hf_default'],
+                      choices=list(peers.ASSISTANT_SETTINGS))
+  parser.add_argument('--draft_confidence', type=float, default=0.5,
+                      help='our adaptive-drafting row (0: none)')
+  parser.add_argument('--repeats', type=int, default=3)
+  parser.add_argument('--seed', type=int, default=0)
+  parser.add_argument('--ours_batch_size', type=int, default=0,
+                      help='> 1: also our decoders at this batch size (vs HF at batch 1 x this)')
+  parser.add_argument('--torch_threads', type=int, default=None,
+                      help="PyTorch's threads (default: os.cpu_count(), as XLA's CPU client)")
+  parser.add_argument('--corpus_dir', default=None,
+                      help='local corpus (default: data/corpus, else the embedded test slices)')
+  parser.add_argument('--run', default=None, help='report name (default: <task>_<drafter>_g<γ>)')
+  parser.add_argument('--out', default='results/peers')
+  return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+  args = parse_args(argv)
+  try:
+    peers.require_peers()
+  except ImportError as e:
+    print(f'error: {e}', file=sys.stderr)
+    return 1
+  corpus_dir = args.corpus_dir or (tasks.DEFAULT_CORPUS_DIR if os.path.exists(tasks.DEFAULT_CORPUS_DIR)
+                                   else EMBEDDED_TEST_SLICES)
+  tasks.register_local_tasks(corpus_dir)
+  task_name, lengths = TASKS[args.task]
+  lengths = dict(inputs=args.inputs_length or lengths['inputs'],
+                 targets=args.targets_length or lengths['targets'])
+  run_name = args.run or f'{args.task}_{os.path.basename(os.path.normpath(args.drafter))}_g{args.gamma}'
+  summary = peers.run(
+      _model_dir(args.target, args.models), _model_dir(args.drafter, args.models), task_name, args.split,
+      lengths, args.examples, args.gamma, temperatures=args.temperatures, output_dir=args.out,
+      run_name=run_name, hf_settings=args.hf_settings, draft_confidence=args.draft_confidence,
+      repeats=args.repeats, seed=args.seed, ours_batch_size=args.ours_batch_size,
+      torch_threads=args.torch_threads)
+  for r in summary['rows']:
+    print(f"t={r['temperature']:g} {r['framework']:>4} {r['system']:<22} {r['tokens_per_s']:8.0f} tokens/s  "
+          f"speedup {peers.fmt(r['speedup_vs_own_baseline'])}x  "
+          f"target calls/example {r['target_calls_per_example']:.1f}")
+  if summary['identity']:
+    print(f"greedy HF vs ours identical: {100 * summary['identity']['hf_vs_ours_baseline']:.1f}%")
+  print(f"Wrote {os.path.join(args.out, run_name)}.{{md,json,png}}")
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())
