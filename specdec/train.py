@@ -524,7 +524,10 @@ def main(argv=None):
   files, bindings, rest = gin_utils.split_gin_args(sys.argv[1:] if argv is None else argv)
   if rest:
     raise SystemExit(f'Unknown arguments: {rest}')
-  gin_utils.parse(files, bindings)
+  try:
+    gin_utils.parse(files, bindings)
+  except gin_utils.GinConfigError as e:  # a typo: one line, not a traceback
+    raise SystemExit(f'specdec.train: {e}') from None
   # The gin files register this module's functions (dynamic registration);
   # their configurable versions carry the bindings.
   gin.get_configurable(train)()

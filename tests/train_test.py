@@ -953,3 +953,9 @@ def test_matching_params_with_nothing_shared_is_an_error(small_params):
   fresh = network.init_params(wider, jax.random.PRNGKey(9))
   with pytest.raises(ValueError, match='shares no parameter'):
     train._matching_params(fresh, {'other': np.zeros(3)}, 'elsewhere')
+
+
+def test_a_misspelt_binding_is_one_line_and_trains_nothing(tmp_path):
+  with pytest.raises(SystemExit, match="specdec.train: binding 'GAMA = 3'"):
+    train.main(['--gin_file=train/cpu_drafter_d2.gin', f"--gin.MODEL_DIR='{tmp_path}/m'", '--gin.GAMA=3'])
+  assert not os.path.exists(tmp_path / 'm')
