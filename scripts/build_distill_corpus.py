@@ -24,7 +24,6 @@ finished task directory is skipped on re-runs (resumable per task).
 """
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -37,6 +36,7 @@ import numpy as np
 from specdec import checkpoints
 from specdec import decoding
 from specdec import evaluation
+from specdec import fingerprint as fingerprint_lib
 from specdec import models
 from specdec import tasks
 
@@ -52,22 +52,15 @@ def bucket_length(n: int, max_len: int) -> int:
   return max_len
 
 
-def file_sha256(path: str) -> str:
-  h = hashlib.sha256()
-  with open(path, 'rb') as f:
-    for chunk in iter(lambda: f.read(1 << 20), b''):
-      h.update(chunk)
-  return h.hexdigest()
-
-
 def fingerprint(model_dir, corpus_dir, lengths, temperature, seed, max_examples):
   """What determines the corpus's content."""
-  model_files = {name: file_sha256(os.path.join(model_dir, name))
+  model_files = {name: fingerprint_lib.file_sha256(os.path.join(model_dir, name))
                  for name in sorted(os.listdir(model_dir))
                  if name in ('params.msgpack', 'counts.npz')}
   corpus_manifest = os.path.join(corpus_dir, 'manifest.json')
   return {'model_files': model_files,
-          'corpus_manifest': file_sha256(corpus_manifest) if os.path.exists(corpus_manifest) else None,
+          'corpus_manifest': (fingerprint_lib.file_sha256(corpus_manifest)
+                              if os.path.exists(corpus_manifest) else None),
           'lengths': dict(lengths), 'temperature': float(temperature), 'seed': int(seed),
           'max_examples': max_examples}
 

@@ -80,15 +80,7 @@ def read_json_meta(path: str) -> dict:
   """A model's config.json as a dict; ValueError naming the file if damaged."""
   if not os.path.exists(path):
     raise FileNotFoundError(f'No model config at {path}.')
-  try:
-    with open(path, 'rb') as f:
-      meta = json.loads(f.read().decode('utf-8'))
-  except (UnicodeDecodeError, json.JSONDecodeError) as e:
-    raise ValueError(f'{path}: damaged or incomplete config file ({e}).') from e
-  if not isinstance(meta, dict):
-    raise ValueError(f'{path}: damaged config file (a JSON {type(meta).__name__}, '
-                     'expected an object).')
-  return meta
+  return hf_checkpoint.read_json_object(path, kind='config file')
 
 
 def read_verified(directory: str, name: str, meta: Mapping[str, Any]) -> bytes:

@@ -74,18 +74,18 @@ def read_hf_config(path: str) -> dict:
   file = os.path.join(path, CONFIG_FILE) if os.path.isdir(path) else path
   if not os.path.isfile(file):
     raise FileNotFoundError(f'No Hugging Face config at {file}.')
-  return _read_json(file)
+  return read_json_object(file)
 
 
-def _read_json(file: str) -> dict:
-  """A JSON object from `file`; ValueError naming the file if damaged."""
+def read_json_object(file: str, kind: str = 'JSON file') -> dict:
+  """A JSON object from `file`; ValueError naming the file (a `kind`) if damaged."""
   try:
     with open(file, 'rb') as f:
       value = json.loads(f.read().decode('utf-8'))
   except (UnicodeDecodeError, json.JSONDecodeError) as e:
-    raise ValueError(f'{file}: damaged or incomplete JSON file ({e}).') from e
+    raise ValueError(f'{file}: damaged or incomplete {kind} ({e}).') from e
   if not isinstance(value, dict):
-    raise ValueError(f'{file}: damaged JSON file (a {type(value).__name__}, '
+    raise ValueError(f'{file}: damaged {kind} (a JSON {type(value).__name__}, '
                      'expected an object).')
   return value
 
@@ -247,7 +247,7 @@ def weight_files(directory: str) -> Dict[str, str]:
   index = os.path.join(directory, INDEX_FILE)
   single = os.path.join(directory, WEIGHTS_FILE)
   if os.path.isfile(index):
-    weight_map = _read_json(index).get('weight_map')
+    weight_map = read_json_object(index).get('weight_map')
     if not isinstance(weight_map, dict):
       raise ValueError(f'{index} has no weight_map.')
     files = {name: os.path.join(directory, file)

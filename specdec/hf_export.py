@@ -23,7 +23,7 @@ weights first, so a directory with a config.json is complete.
 
 Command line (any model directory `checkpoints.load_config_for` reads a config from: compact or HF):
 
-  python -m specdec.hf_export --model models/cpu/target --out /tmp/target_hf
+  python -m specdec.hf_export --model models/cpu/target --out runs/target_hf
 """
 
 import argparse

@@ -102,7 +102,7 @@ def _resolve(value):
 def _run_params(path, bindings=()):
   """main.run's parameters as the experiment file (plus `bindings`) sets them, defaults elsewhere."""
   gin.clear_config()
-  gin_utils.parse([path], ["OUTPUT_DIR = '/tmp/specdec_gin_test'"] + list(bindings))
+  gin_utils.parse([path], ["OUTPUT_DIR = 'runs/specdec_gin_test'"] + list(bindings))
   params = {}
   for name, default in RUN_DEFAULTS.items():
     try:
@@ -121,7 +121,7 @@ def test_experiment_file_parses_and_binds_a_valid_run(path):
   # The XXL base is an include: its rows bind DRAFTER_CHECKPOINT.
   bindings = ["DRAFTER_CHECKPOINT = 'x'"] if path.endswith('table2/xxl_base.gin') else []
   p = _run_params(path, bindings)
-  assert p['output_dir'] == '/tmp/specdec_gin_test'  # everything goes under OUTPUT_DIR
+  assert p['output_dir'] == 'runs/specdec_gin_test'  # everything goes under OUTPUT_DIR
   assert p['mode'] in main.MODES
   assert p['task'] in KNOWN_TASKS
   assert p['split'] in tasks.SPLITS
@@ -220,7 +220,7 @@ def test_experiment_file_refuses_a_misspelt_macro(path):
   with pytest.raises(gin_utils.GinConfigError,
                      match=r"^binding 'OUTPUT_DIRR = 'x'': no gin file uses macro OUTPUT_DIRR, .*"
                            r'\(did you mean OUTPUT_DIR\?\)\.$'):
-    gin_utils.parse([path], ["OUTPUT_DIR = '/tmp/specdec_gin_test'", "OUTPUT_DIRR = 'x'"])
+    gin_utils.parse([path], ["OUTPUT_DIR = 'runs/specdec_gin_test'", "OUTPUT_DIRR = 'x'"])
 
 
 def test_the_issue_reproduction_gamma_typo_is_refused():

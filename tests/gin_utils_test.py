@@ -95,8 +95,8 @@ class TestParse:
   def test_includes_resolve_through_the_search_path(self):
     # cpu_target.gin includes 'train/cpu_family.gin' (relative to gin/).
     gin_utils.parse(['train/cpu_target.gin'],
-                    ["MODEL_DIR = '/tmp/m'", 'train.train.num_steps = 7'])
-    assert gin.query_parameter('%MODEL_DIR') == '/tmp/m'
+                    ["MODEL_DIR = 'runs/m'", 'train.train.num_steps = 7'])
+    assert gin.query_parameter('%MODEL_DIR') == 'runs/m'
     assert gin.query_parameter('train.train.num_steps') == 7
     assert gin.query_parameter('train.train.batch_size') == 32
     assert gin.query_parameter('network.T5Config.vocab_size') == 8192
@@ -146,7 +146,7 @@ class TestBindingsThatWouldChangeNothing:
 
   def _error(self, *bindings, files=None):
     with pytest.raises(gin_utils.GinConfigError) as e:
-      gin_utils.parse(files or [self.FILE], ["OUTPUT_DIR = '/tmp/x'"] + list(bindings))
+      gin_utils.parse(files or [self.FILE], ["OUTPUT_DIR = 'runs/x'"] + list(bindings))
     message = str(e.value)
     assert '\n' not in message  # one line: no config dump, no gin location trailer
     return message
@@ -161,11 +161,11 @@ class TestBindingsThatWouldChangeNothing:
     assert 'macro ZZZ_UNRELATED' in message and 'did you mean' not in message
 
   def test_a_used_macro_binds(self):
-    gin_utils.parse([self.FILE], ["OUTPUT_DIR = '/tmp/x'", 'GAMMA = 3'])
+    gin_utils.parse([self.FILE], ["OUTPUT_DIR = 'runs/x'", 'GAMMA = 3'])
     assert gin.query_parameter('%GAMMA') == 3
 
   def test_a_macro_used_only_by_another_binding_binds(self):
-    gin_utils.parse([self.FILE], ["OUTPUT_DIR = '/tmp/x'", 'MY_GAMMA = 6', 'main.run.gamma = %MY_GAMMA'])
+    gin_utils.parse([self.FILE], ["OUTPUT_DIR = 'runs/x'", 'MY_GAMMA = 6', 'main.run.gamma = %MY_GAMMA'])
     assert gin.query_parameter('%MY_GAMMA') == 6
 
   def test_a_misspelt_parameter(self):

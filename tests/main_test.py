@@ -161,15 +161,7 @@ def test_benchmark(family, tmp_path):
 
 def test_table_from_own_gin_file(family, tmp_path):
   """A gin file given by path; rows' drafters are found beside the target."""
-  gin_file = tmp_path / 'table.gin'
-  gin_file.write_text(
-      "include 'experiments/cpu/base.gin'\n"
-      'from __gin__ import dynamic_registration\n'
-      'from specdec import main\n'
-      'main.run:\n'
-      "  mode = 'table'\n"
-      "  table_name = 'tiny table'\n"
-      "  rows = [{'task': 'specdec_summarize_local', 'drafter': 'd1', 'temperature': 0.0, 'gamma': %GAMMA}]\n")
+  gin_file = _one_row_table(tmp_path, 'specdec_summarize_local', table_name='tiny table')
   out = tmp_path / 'table'
   # The file binds no drafter checkpoint (rows name theirs), so binding DRAFTER_CHECKPOINT would be refused.
   main.main([f for f in _flags(family, out, gin_file=str(gin_file)) if not f.startswith('--gin.DRAFTER_CHECKPOINT')])
@@ -334,7 +326,8 @@ def test_a_checkpoint_changed_in_place_is_refused(family, tmp_path):
   assert 'drafter_content' in message and 'drafter_checkpoint' not in message and 'target_content' not in message
 
 
-def _one_row_table(tmp_path):
+def _one_row_table(tmp_path, task='specdec_ende_local', table_name=None):
+  """A table gin file (written under tmp_path) with one d1 row on `task`; returns its path."""
   gin_file = tmp_path / 'table.gin'
   gin_file.write_text(
       "include 'experiments/cpu/base.gin'\n"
@@ -342,7 +335,8 @@ def _one_row_table(tmp_path):
       'from specdec import main\n'
       'main.run:\n'
       "  mode = 'table'\n"
-      "  rows = [{'task': 'specdec_ende_local', 'drafter': 'd1', 'temperature': 0.0, 'gamma': %GAMMA}]\n")
+      + (f"  table_name = '{table_name}'\n" if table_name else '')
+      + f"  rows = [{{'task': '{task}', 'drafter': 'd1', 'temperature': 0.0, 'gamma': %GAMMA}}]\n")
   return str(gin_file)
 
 
