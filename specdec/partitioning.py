@@ -458,7 +458,10 @@ class ShardedPredictor:
     self._predict_kwargs = dict(
         num_decodes=num_decodes, return_all_decodes=return_all_decodes,
         prompt_with_targets=prompt_with_targets,
-        constrain_cache=self.constrain_cache)
+        constrain_cache=self.constrain_cache,
+        # `_inputs` validates every batch before the jitted call (in-graph too when
+        # the caller traces it): no second, compiled-in id check per call.
+        check_traced_ids=False)
     self._jitted = {}
     self._param_shardings = {}
 
