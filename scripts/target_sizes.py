@@ -33,16 +33,22 @@ from specdec import network
 from specdec import profiling
 from specdec import theory
 
-# (name, emb_dim, num_heads, layers (encoder = decoder), mlp_dim); the first is the shipped target's shape.
-CANDIDATES = (('13.6M (256x4, shipped)', 256, 4, 4, 1024),
-              ('38M (384x6)', 384, 6, 6, 1536),
-              ('65M (512x6)', 512, 8, 6, 2048))
+# name -> (label, emb_dim, num_heads, encoder layers, decoder layers, mlp_dim); 'shipped' is the
+# shipped 13.6M target's shape. `--candidates` picks which to measure.
+CANDIDATES = {
+    'shipped': ('13.6M (256x4, shipped)', 256, 4, 4, 4, 1024),
+    '384x4m1024': ('23M (384x4, mlp 1024)', 384, 6, 4, 4, 1024),
+    '384x4': ('27.5M (384x4, mlp 1536)', 384, 6, 4, 4, 1536),
+    '384x6': ('38M (384x6)', 384, 6, 6, 6, 1536),
+    '512x6': ('65M (512x6)', 512, 8, 6, 6, 2048),
+}
+DEFAULT_CANDIDATES = ('shipped', '384x6', '512x6')
 DRAFTERS = ('d1kd', 'd2', 'd3')
 
 
-def candidate_config(emb, heads, layers, mlp) -> network.T5Config:
+def candidate_config(emb, heads, enc_layers, dec_layers, mlp) -> network.T5Config:
   return network.T5Config(vocab_size=8192, emb_dim=emb, num_heads=heads, head_dim=64,
-                          num_encoder_layers=layers, num_decoder_layers=layers, mlp_dim=mlp,
+                          num_encoder_layers=enc_layers, num_decoder_layers=dec_layers, mlp_dim=mlp,
                           mlp_activations=('gelu', 'linear'), logits_via_embedding=False,
                           dropout_rate=0.0)
 
@@ -74,6 +80,8 @@ def main(argv=None) -> int:
   parser.add_argument('--models', default='models/cpu')
   parser.add_argument('--repeats', type=int, default=5)
   parser.add_argument('--out', default='results/target_sizes')
+  parser.add_argument('--candidates', nargs='+', default=list(DEFAULT_CANDIDATES),
+                      choices=sorted(CANDIDATES), help='which shapes to measure')
   args = parser.parse_args(argv)
   enc = np.full((1, 32), 5, np.int32)  # a 32-token input, the En→De median length
   max_len = 48
@@ -83,8 +91,9 @@ def main(argv=None) -> int:
     drafter_steps[name] = profiling.time_decode_calls(module, params, enc, max_len, 1,
                                                       repeats=args.repeats)
   rows = []
-  for label, emb, heads, layers, mlp in CANDIDATES:
-    config = candidate_config(emb, heads, layers, mlp)
+  for name in args.candidates:
+    label, emb, heads, enc_layers, dec_layers, mlp = CANDIDATES[name]
+    config = candidate_config(emb, heads, enc_layers, dec_layers, mlp)
     module = network.Transformer(config)
     params = network.init_params(config, jax.random.PRNGKey(0))
     n_params = sum(x.size for x in jax.tree_util.tree_leaves(params))
