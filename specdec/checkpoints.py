@@ -443,6 +443,26 @@ def restore_params(path: str, config: network.T5Config, shardings=None,
   return flax.traverse_util.unflatten_dict(arrays, sep='/')
 
 
+def check_t5x_checkpoint(path: str, config: network.T5Config) -> str:
+  """The T5X checkpoint directory of `path`, checked against `config` (no array data read).
+
+  Opens the msgpack and every array's metadata, so a missing file, a
+  vocabulary size that differs from config.vocab_size, or a missing or
+  mis-shaped leaf fails here, before a trainer builds anything.
+
+  Raises:
+    FileNotFoundError: no checkpoint at `path`, or a leaf's array is missing.
+    ValueError: `path` is not a T5X checkpoint, or its params do not fit `config`.
+  """
+  fmt = detect_format(path)
+  if fmt != 't5x':
+    raise ValueError(f'{path} is a {fmt} checkpoint, not a T5X one (a checkpoint_<step>/ '
+                     f'directory holding a {t5x_checkpoint.CHECKPOINT_FILE!r} file).')
+  checkpoint_dir = t5x_checkpoint.checkpoint_dir_of(path)
+  _validate(t5x_checkpoint.open_leaves(checkpoint_dir), config, where=checkpoint_dir)
+  return checkpoint_dir
+
+
 def save_params_orbax(path: str, params: PyTree, force: bool = False) -> None:
   """Writes a params-only Orbax checkpoint (sharded arrays written per shard).
 

@@ -14,8 +14,10 @@ def task_examples(task_name: str, split: str, feature_lengths: Mapping[str, int]
                   max_examples: Optional[int] = None) -> List[Dict[str, Any]]:
   """Up to `max_examples` tokenized examples (in file order) with their texts."""
   task = seqio.get_mixture_or_task(task_name)
+  # No in-memory cache: the list is read once, and seqio's size check for it
+  # needs prepared TFDS metadata (which tfds.testing.mock_data lacks).
   ds = task.get_dataset(dict(feature_lengths), split=split, shuffle=False,
-                        num_epochs=1, use_cached=False)
+                        num_epochs=1, use_cached=False, try_in_mem_cache=False)
   if max_examples is not None:
     ds = ds.take(max_examples)
   return list(ds.as_numpy_iterator())

@@ -27,13 +27,20 @@ costlier in memory, which `bytes_per_device` and the XXL plan account for.
 
 Multi-host: call `initialize_multihost()` first thing; every process then
 passes the same global params and batch, and `to_host` gathers outputs.
+
+Training (specdec/train.py) lays its state out with the same rules, but
+strictly: `check_divisible` refuses a parameter dimension its mesh axes do
+not divide (replicating it would silently multiply the memory of the
+largest weights), `optimizer_state_specs` gives each optimizer-state leaf
+the layout of its parameter, and `host_batch_shard` says which slice of
+the global batch each host loads.
 """
 
 import functools
 import logging
 import math
 import os
-from typing import Any, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, List, Mapping, Optional, Sequence, Tuple, Union
 
 import flax
 import flax.linen as nn
@@ -273,6 +280,185 @@ def batch_specs(batch: Mapping[str, Any], rules: LogicalAxisRules,
   """('batch', 'length') for every [B, L] feature."""
   logical = {k: PartitionSpec('batch', 'length') for k in batch}
   return logical_to_mesh_specs(logical, dict(batch), rules, axis_sizes)
+
+
+# -----------------------------------------------------------------------------
+# Training layouts: strict divisibility, optimizer state, per-host batches.
+# -----------------------------------------------------------------------------
+
+
+def undivisible_dims(logical_tree: PyTree, shapes_tree: PyTree,
+                     rules: LogicalAxisRules,
+                     axis_sizes: Mapping[str, int]) -> List[str]:
+  """One line per dimension that `rules` shard but its mesh axes do not divide.
+
+  `logical_to_mesh_specs` replicates such dimensions (right for decoding,
+  where a batch of 1 or a tiny vocabulary is normal); a trainer wants to
+  know instead. Same arguments as `logical_to_mesh_specs`.
+  """
+  check_rules(rules, axis_sizes)
+  logical_leaves = jax.tree_util.tree_leaves(flax.core.unfreeze(logical_tree),
+                                             is_leaf=_is_spec)
+  shapes = jax.tree_util.tree_flatten_with_path(
+      flax.core.unfreeze(shapes_tree))[0]
+  if len(logical_leaves) != len(shapes):
+    raise ValueError(f'{len(shapes)} arrays but {len(logical_leaves)} logical '
+                     'axes.')
+  problems = []
+  for logical, (path, leaf) in zip(logical_leaves, shapes):
+    logical = PartitionSpec() if logical is None else logical
+    mesh_spec = nn.logical_to_mesh_axes(tuple(logical), rules)
+    for dim, (size, axes) in enumerate(zip(np.shape(leaf), tuple(mesh_spec))):
+      ways = math.prod(axis_sizes[a] for a in _rule_mesh_axes(axes))
+      if size % ways:
+        problems.append(
+            f'{jax.tree_util.keystr(path)} dimension {dim} '
+            f'({logical[dim]!r}, size {size}) over mesh axes {axes} '
+            f'({ways} ways)')
+  return problems
+
+
+def check_divisible(logical_tree: PyTree, shapes_tree: PyTree,
+                    rules: LogicalAxisRules, axis_sizes: Mapping[str, int],
+                    what: str = 'params') -> None:
+  """Raises ValueError naming every dimension the mesh does not divide."""
+  problems = undivisible_dims(logical_tree, shapes_tree, rules, axis_sizes)
+  if problems:
+    raise ValueError(
+        f'The mesh {dict(axis_sizes)} does not divide the {what}: '
+        + '; '.join(problems[:8])
+        + (f' (and {len(problems) - 8} more)' if len(problems) > 8 else '')
+        + '. Choose a num_partitions that divides num_heads, '
+        'num_heads * head_dim, mlp_dim and vocab_size (and, with 2-D '
+        'parameter partitioning, a data axis that divides emb_dim).')
+
+
+def _trailing_dict_keys(path) -> Tuple[Tuple[str, ...], Optional[str]]:
+  """(the dict keys that end `path`, the attribute name just before them)."""
+  keys = []
+  for entry in reversed(path):
+    if isinstance(entry, jax.tree_util.DictKey):
+      keys.append(entry.key)
+      continue
+    return tuple(reversed(keys)), getattr(entry, 'name', None)
+  return tuple(reversed(keys)), None
+
+
+def _dropped_dim(param_shape: Sequence[int], moment_shape: Sequence[int],
+                 field: Optional[str]) -> Optional[int]:
+  """The dimension a factored moment reduced away, or None if unknown.
+
+  Adafactor (optax, T5X) factors the two largest dimensions d1 <= d0 of a
+  parameter: `v_row` keeps all but d0, `v_col` all but d1. Dimensions of
+  equal size are told apart by that rule; otherwise by shape alone.
+  """
+  candidates = [d for d in range(len(param_shape))
+                if tuple(np.delete(param_shape, d)) == tuple(moment_shape)]
+  if len(candidates) <= 1:
+    return candidates[0] if candidates else None
+  order = np.argsort(param_shape, kind='stable')
+  by_rule = {'v_row': int(order[-1]), 'v_col': int(order[-2])}.get(field)
+  return by_rule if by_rule in candidates else candidates[0]
+
+
+def optimizer_state_specs(opt_state: PyTree, params: PyTree,
+                          param_spec_tree: PyTree) -> PyTree:
+  """A mesh PartitionSpec for every optimizer-state leaf, following its parameter.
+
+  optax keeps per-parameter state in subtrees shaped like the params (Adam's
+  mu and nu; Adafactor's v, v_row, v_col), so a leaf belongs to the
+  parameter whose path ends its own path. It takes
+  * the parameter's spec, if it has the parameter's shape (mu, nu, an
+    unfactored v);
+  * that spec less the reduced dimension, if it has one dimension fewer
+    (Adafactor's factored moments: v_row [rows], v_col [cols] of an
+    (rows, cols) kernel; `_dropped_dim`);
+  * replicated otherwise (step counts, Adafactor's (1,) placeholders).
+  Any layout is correct (XLA moves data as needed); following the parameter
+  keeps each update on the devices that hold the parameter.
+
+  Args:
+    opt_state: the state (arrays or ShapeDtypeStructs, e.g. from
+      `jax.eval_shape(optimizer.init, params)`).
+    params: the params tree (arrays or ShapeDtypeStructs).
+    param_spec_tree: the params' fitted mesh PartitionSpecs.
+  """
+  params = flax.core.unfreeze(params)
+  shapes = {tuple(k.key for k in path): np.shape(leaf)
+            for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]}
+  specs = {tuple(k.key for k in path): spec
+           for path, spec in jax.tree_util.tree_flatten_with_path(
+               flax.core.unfreeze(param_spec_tree), is_leaf=_is_spec)[0]}
+
+  def spec_of(path, leaf):
+    keys, field = _trailing_dict_keys(path)
+    shape = tuple(np.shape(leaf))
+    if keys not in specs:
+      return PartitionSpec()
+    param_shape, spec = shapes[keys], specs[keys]
+    entries = tuple(spec) + (None,) * (len(param_shape) - len(spec))
+    if shape == tuple(param_shape):
+      return spec
+    if len(shape) == len(param_shape) - 1:
+      dropped = _dropped_dim(param_shape, shape, field)
+      if dropped is not None:
+        kept = entries[:dropped] + entries[dropped + 1:]
+        while kept and kept[-1] is None:
+          kept = kept[:-1]
+        return PartitionSpec(*kept)
+    return PartitionSpec()
+
+  return jax.tree_util.tree_map_with_path(spec_of, opt_state)
+
+
+def host_batch_shard(mesh_devices: np.ndarray, batch_size: int,
+                     process_index: int) -> Tuple[int, int]:
+  """(shard index, number of shards) of the batch rows `process_index` loads.
+
+  With the batch sharded over 'data' (mesh axis 0 of `mesh_devices`, a
+  [data, model] array of devices with `.process_index`), data position i
+  holds rows [i * B / data, (i + 1) * B / data). A host loads the rows its
+  devices hold: hosts whose devices share data positions (a model-parallel
+  group across hosts) load the same shard. On one host: (0, 1).
+  """
+  devices = np.asarray(mesh_devices, dtype=object)
+  data = devices.shape[0]
+  if batch_size % data:
+    raise ValueError(f'batch_size={batch_size} does not divide over the '
+                     f'{data} data-parallel positions.')
+  positions = {}
+  for i in range(data):
+    for device in devices[i].ravel():
+      positions.setdefault(device.process_index, set()).add(i)
+  ranges = {}
+  for process, held in positions.items():
+    first, last = min(held), max(held)
+    if len(held) != last - first + 1:
+      raise ValueError(f'Process {process} holds data positions {sorted(held)}, '
+                       'not a contiguous block: its batch rows cannot be one slice.')
+    ranges[process] = (first, last + 1)
+  distinct = sorted(set(ranges.values()))
+  sizes = {stop - start for start, stop in distinct}
+  overlapping = any(a[1] > b[0] for a, b in zip(distinct, distinct[1:]))
+  if len(sizes) != 1 or overlapping:
+    raise ValueError(f'Hosts hold uneven or overlapping blocks of data '
+                     f'positions {distinct}: the batch cannot be loaded per host.')
+  if process_index not in ranges:
+    raise ValueError(f'Process {process_index} has no device in the mesh.')
+  return distinct.index(ranges[process_index]), len(distinct)
+
+
+def global_batch(local_batch: Mapping[str, np.ndarray],
+                 sharding: NamedSharding, batch_size: int) -> dict:
+  """Global [batch_size, ...] arrays from this host's rows (`host_batch_shard`).
+
+  On one process the local batch is the whole batch (`jax.device_put`).
+  """
+  if jax.process_count() == 1:
+    return jax.device_put(dict(local_batch), sharding)
+  return {k: jax.make_array_from_process_local_data(
+      sharding, np.asarray(v), (batch_size,) + np.shape(v)[1:])
+          for k, v in local_batch.items()}
 
 
 # -----------------------------------------------------------------------------

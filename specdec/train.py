@@ -1,16 +1,31 @@
-"""Training T5 1.1 networks on seqio tasks (gin-configured, resumable).
+"""Training T5 1.1 networks on seqio tasks (gin-configured, resumable, sharded).
 
   python -m specdec.train --gin_file=train/cpu_target.gin --gin.MODEL_DIR="'runs/target'"
+  python -m specdec.train --multihost --gin_file=... --gin.train.train.num_partitions=8   (TPU pod slice)
 
-Adafactor (T5X's default) or AdamW through optax; seqio EncDecFeatureConverter
-with packing; a jit-compiled train step over a ('data',) device mesh (batch
-sharded, params replicated); Orbax checkpoints every `checkpoint_every` steps
-and resume from the latest one that restores (a damaged newer one is reported
-and moved to MODEL_DIR/damaged_checkpoints/); train_log.jsonl drops what a
-killed run logged past the resumed step, and runs.jsonl holds one record per
-run, rewritten at each checkpoint (status running / finished / stopped, or
-interrupted for a killed run); periodic evaluation (validation loss, and BLEU /
-ROUGE from greedy decodes); a progress line with step, loss, tokens/s and ETA.
+Adafactor (T5X's default) or AdamW through optax, with T5's inverse square root
+schedule or a constant rate (T5X's fine-tuning default); seqio
+EncDecFeatureConverter with packing; a jit-compiled train step over a
+('data', 'model') device mesh laid out by T5X's logical-axis rules, the same
+as decoding's (specdec/partitioning.py): `num_partitions` devices hold one
+model-parallel copy of the params (heads, mlp, vocab split over 'model'),
+the batch is split over 'data', and with `parameter_partitioning_dims=2`
+the params' embed axis is split over 'data' too. The optimizer state
+follows its params (Adafactor's factored moments included:
+`partitioning.optimizer_state_specs`). The default, num_partitions=1, is
+plain data parallelism with replicated params. Each host loads only its
+slice of the batch (`partitioning.host_batch_shard`). Orbax checkpoints
+every `checkpoint_every` steps, written and restored sharded (each host its
+own shards; a checkpoint restores onto any mesh), and resume from the latest
+one that restores (a damaged newer one is reported and moved to
+MODEL_DIR/damaged_checkpoints/); train_log.jsonl drops what a killed run
+logged past the resumed step, and runs.jsonl holds one record per run,
+rewritten at each checkpoint (status running / finished / stopped, or
+interrupted for a killed run); periodic evaluation (validation loss, and
+BLEU / ROUGE from greedy decodes); a progress line with step, loss,
+tokens/s and ETA.
+`init_from_t5x` starts from a T5X checkpoint (e.g. the public T5 1.1 ones),
+each device reading only its slices of each array, with a fresh optimizer.
 With `teacher_dir` set, the student is distilled from the teacher's
 distribution: loss = (1 - w) CE + w D(teacher, student), D one of
 specdec/distill.py's divergences (`divergence`: fkl, rkl, tvd, greedy_ce).
@@ -27,7 +42,7 @@ import sys
 import time
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # seqio's TensorFlow is chatty.
-from typing import Any, Dict, Iterator, Mapping, Optional, Sequence
+from typing import Any, Dict, Iterator, Mapping, Optional, Sequence, Tuple
 
 import gin
 import jax
@@ -35,6 +50,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import seqio
+from jax.sharding import NamedSharding, PartitionSpec
 
 from specdec import checkpoints
 from specdec import decoding
@@ -43,6 +59,7 @@ from specdec import evaluation
 from specdec import gin_utils
 from specdec import models
 from specdec import network
+from specdec import partitioning
 
 PyTree = Any
 BATCH_KEYS = ('encoder_input_tokens', 'decoder_input_tokens',
@@ -58,6 +75,15 @@ def learning_rate_schedule(step, peak: float = 0.01, warmup_steps: int = 500):
   return peak * warm * decay
 
 
+def constant_learning_rate(step, value: float = 1e-3):
+  """`value` at every step: T5X's fine-tuning schedule (finetune.gin: 'constant', 1e-3)."""
+  return jnp.full(jnp.shape(step), value, jnp.float32)
+
+
+# make_optimizer(schedule=...) -> the schedule function (each gin-configurable).
+SCHEDULES = ('rsqrt', 'constant')
+
+
 def _configured(fn):
   """The gin-configured version of `fn` when gin knows it, else `fn` itself.
 
@@ -71,14 +97,27 @@ def _configured(fn):
 
 
 def make_optimizer(name: str = 'adafactor', weight_decay: float = 0.0,
-                   clip_norm: Optional[float] = 1.0) -> optax.GradientTransformation:
-  schedule = _configured(learning_rate_schedule)
+                   clip_norm: Optional[float] = 1.0, schedule: str = 'rsqrt',
+                   min_dim_size_to_factor: int = 128) -> optax.GradientTransformation:
+  """The optimizer (gin: `train.make_optimizer.NAME`).
+
+  schedule: 'rsqrt' (`learning_rate_schedule`: warm-up, then T5's inverse
+    square root decay) or 'constant' (`constant_learning_rate`, T5X's
+    fine-tuning default of 1e-3).
+  min_dim_size_to_factor: Adafactor factors the second moment of a
+    parameter whose two largest dimensions are at least this (T5X: 128).
+  """
+  if schedule not in SCHEDULES:
+    raise ValueError(f'schedule must be one of {SCHEDULES}, got {schedule!r}.')
+  rate = _configured(learning_rate_schedule if schedule == 'rsqrt'
+                     else constant_learning_rate)
   if name == 'adafactor':
     # T5X's default: updates scaled by each parameter's RMS.
-    opt = optax.adafactor(learning_rate=schedule, multiply_by_parameter_scale=True,
-                          weight_decay_rate=weight_decay or None)
+    opt = optax.adafactor(learning_rate=rate, multiply_by_parameter_scale=True,
+                          weight_decay_rate=weight_decay or None,
+                          min_dim_size_to_factor=min_dim_size_to_factor)
   elif name == 'adamw':
-    opt = optax.adamw(learning_rate=schedule, weight_decay=weight_decay)
+    opt = optax.adamw(learning_rate=rate, weight_decay=weight_decay)
   else:
     raise ValueError(f"optimizer name must be 'adafactor' or 'adamw', got {name!r}.")
   if clip_norm:
@@ -88,14 +127,26 @@ def make_optimizer(name: str = 'adafactor', weight_decay: float = 0.0,
 
 def train_batches(mixture_or_task_name: str, feature_lengths: Mapping[str, int],
                   batch_size: int, seed: int, pack: bool = True,
-                  split: str = 'train', num_epochs: Optional[int] = None
+                  split: str = 'train', num_epochs: Optional[int] = None,
+                  shard: Tuple[int, int] = (0, 1)
                   ) -> Iterator[Dict[str, np.ndarray]]:
-  """Packed encoder-decoder batches from a seqio task or mixture."""
+  """Packed encoder-decoder batches from a seqio task or mixture.
+
+  `shard` = (index, count): this host's share of the examples (seqio
+  ShardInfo); `batch_size` is then this host's rows. Datasets are not
+  cached in memory by seqio: its size check needs prepared TFDS metadata,
+  which `tfds.testing.mock_data` lacks, and the trainer reads each
+  example once per epoch anyway.
+  """
   converter = seqio.EncDecFeatureConverter(pack=pack)
-  ds = seqio.get_dataset(
-      mixture_or_task_name, task_feature_lengths=dict(feature_lengths),
-      dataset_split=split, shuffle=num_epochs is None, num_epochs=num_epochs,
-      feature_converter=converter, seed=seed, use_cached=False)
+  index, count = shard
+  provider = seqio.get_mixture_or_task(mixture_or_task_name)
+  ds = provider.get_dataset(
+      dict(feature_lengths), split=split, use_cached=False,
+      shuffle=num_epochs is None, num_epochs=num_epochs, seed=seed,
+      shard_info=seqio.ShardInfo(index, count) if count > 1 else None,
+      trim_output_features=True, try_in_mem_cache=False)
+  ds = converter(ds, task_feature_lengths=dict(feature_lengths))
   ds = ds.batch(batch_size, drop_remainder=num_epochs is None)
   for batch in ds.as_numpy_iterator():
     yield {k: v for k, v in batch.items() if k in BATCH_KEYS}
@@ -165,8 +216,85 @@ class _Progress:
             f'elapsed {elapsed / 60:.1f} min  ETA {eta / 60:.1f} min')
 
 
-def _mesh():
-  return jax.sharding.Mesh(np.asarray(jax.devices()), ('data',))
+# -----------------------------------------------------------------------------
+# Layout of the training state on the ('data', 'model') mesh.
+# -----------------------------------------------------------------------------
+
+
+def check_mesh_args(batch_size: int, num_partitions: int,
+                    parameter_partitioning_dims: int, device_count: int) -> int:
+  """The size of the 'data' mesh axis; ValueError for a layout that cannot be."""
+  if (isinstance(num_partitions, bool) or
+      not isinstance(num_partitions, (int, np.integer)) or num_partitions < 1):
+    raise ValueError(f'num_partitions must be a positive int, got {num_partitions!r}.')
+  if device_count % num_partitions:
+    raise ValueError(f'num_partitions={num_partitions} does not divide the '
+                     f'{device_count} devices: the model axis must divide them.')
+  if parameter_partitioning_dims not in (1, 2):
+    raise ValueError(f'parameter_partitioning_dims must be 1 or 2, got '
+                     f'{parameter_partitioning_dims!r}.')
+  data = device_count // num_partitions
+  if batch_size % data:
+    raise ValueError(f'batch_size={batch_size} must divide over the {data} devices of '
+                     f"the mesh's 'data' axis ({device_count} devices / "
+                     f'num_partitions={num_partitions}).')
+  return data
+
+
+def train_rules(parameter_partitioning_dims: int = 1) -> tuple:
+  """T5X's rules (partitioning.py); 2-D parameters also shard embed over 'data'."""
+  return partitioning.standard_logical_axis_rules(
+      parameter_partitioning_dims=parameter_partitioning_dims)
+
+
+def state_specs(config: network.T5Config, optimizer: optax.GradientTransformation,
+                rules, axis_sizes: Mapping[str, int]) -> Dict[str, Any]:
+  """Mesh PartitionSpecs of {'step', 'params', 'opt_state'} (shapes only, no memory).
+
+  Params get decoding's layout (`partitioning.logical_to_mesh_specs`), but a
+  dimension the mesh does not divide is an error here, not a silent
+  replica; the optimizer state follows its params.
+  """
+  params = checkpoints.expected_params(config)
+  logical = partitioning.param_logical_axes(network.Transformer(config), params)
+  partitioning.check_divisible(logical, params, rules, axis_sizes,
+                               what=f'params of {config}')
+  param_specs = partitioning.logical_to_mesh_specs(logical, params, rules, axis_sizes)
+  opt_shapes = jax.eval_shape(optimizer.init, params)
+  return {'step': PartitionSpec(), 'params': param_specs,
+          'opt_state': partitioning.optimizer_state_specs(opt_shapes, params, param_specs)}
+
+
+def state_shapes(config: network.T5Config, optimizer: optax.GradientTransformation) -> PyTree:
+  """{'step', 'params', 'opt_state'} as ShapeDtypeStructs (nothing allocated)."""
+  return jax.eval_shape(lambda: _fresh_state(
+      optimizer, network.init_params(config, jax.random.PRNGKey(0))))
+
+
+def abstract_state(shapes: PyTree, shardings: PyTree) -> PyTree:
+  """`shapes` carrying `shardings`: what Orbax restores into (each host reads its shards)."""
+  return jax.tree_util.tree_map(
+      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes, shardings)
+
+
+def _fresh_state(optimizer, params):
+  return {'step': jnp.zeros((), jnp.int32), 'params': params,
+          'opt_state': optimizer.init(params)}
+
+
+def _layout_line(mesh, specs, shapes) -> str:
+  """'Mesh {...}: params + optimizer state X MiB per device (Y MiB in all).'"""
+  axis_sizes = partitioning.mesh_axis_sizes(mesh)
+  per_device = partitioning.bytes_per_device(shapes, specs, axis_sizes)
+  return (f'Mesh {axis_sizes}: params + optimizer state {per_device / 2**20:,.1f} MiB per '
+          f'device ({partitioning.total_bytes(shapes) / 2**20:,.1f} MiB in all).')
+
+
+def _put_replicated(x, sharding):
+  """`x` (host or one-device value) on every device; every process passes the same x."""
+  if jax.process_count() == 1:
+    return x  # jit moves it by its in_shardings, as an uncommitted argument
+  return partitioning.put_tree(np.asarray(x), sharding)
 
 
 def _append_log(path, record):
@@ -269,6 +397,8 @@ def restore_latest_good(manager, abstract, damaged_dir):
             f'({why}).', flush=True)
       continue
     for bad_step, _ in failures:
+      if jax.process_index():
+        continue  # one host moves them (the directory is shared)
       os.makedirs(damaged_dir, exist_ok=True)
       dest = os.path.join(damaged_dir, f'{bad_step}-{int(time.time())}')
       os.replace(os.path.join(str(manager.directory), str(bad_step)), dest)
@@ -304,7 +434,10 @@ def train(model_dir: str,
           export_dir: Optional[str] = None,
           init_from_dir: Optional[str] = None,
           init_matching_only: bool = False,
-          corpus_dir: Optional[str] = None) -> Dict[str, Any]:
+          corpus_dir: Optional[str] = None,
+          num_partitions: int = 1,
+          parameter_partitioning_dims: int = 1,
+          init_from_t5x: Optional[str] = None) -> Dict[str, Any]:
   """Trains `config` on a seqio mixture; resumes from `model_dir` if it holds checkpoints.
 
   Without checkpoints, `init_from_dir` (a compact model of the same config)
@@ -314,9 +447,17 @@ def train(model_dir: str,
   shape exist in both starts from `init_from_dir`, the rest fresh (e.g. a
   one-decoder-layer drafter from a two-layer one's embeddings, encoder and
   first decoder layer).
+  `init_from_t5x` (instead) starts from a T5X checkpoint (`checkpoint_<step>/`,
+  local or gs://, e.g. gs://t5-data/pretrained_models/t5x/t5_1_1_xxl/checkpoint_1000000),
+  read straight into the params' shards, with a fresh optimizer state and
+  step counter; its vocabulary size must be config.vocab_size.
   `corpus_dir` (re)registers the local tasks on that corpus first (e.g. a
   distillation corpus from scripts/build_distill_corpus.py); default: the
   tasks as registered ($SPECDEC_CORPUS_DIR or data/corpus).
+  `num_partitions`: devices per model-parallel group (the mesh's 'model'
+  axis; 'data' gets the rest); `parameter_partitioning_dims=2` also shards
+  the params' embed axis over 'data' (T5X's 2-D parameter partitioning).
+  `batch_size` is global: it must divide over the 'data' axis.
 
   Returns the final evaluation record.
   """
@@ -326,13 +467,22 @@ def train(model_dir: str,
       raise FileNotFoundError(f'corpus_dir={corpus_dir!r} does not exist.')
     tasks.register_local_tasks(corpus_dir)
   feature_lengths = dict(feature_lengths)
-  if batch_size % jax.device_count():
-    raise ValueError(f'batch_size={batch_size} must divide over '
-                     f'{jax.device_count()} devices.')
-  os.makedirs(model_dir, exist_ok=True)
-  log_path = os.path.join(model_dir, 'train_log.jsonl')
+  check_mesh_args(batch_size, num_partitions, parameter_partitioning_dims, jax.device_count())
+  if init_from_t5x and init_from_dir:
+    raise ValueError('Give init_from_dir or init_from_t5x, not both.')
+  _check_task_vocabulary(mixture_or_task_name, config)
+  mesh = partitioning.make_mesh(num_partitions)
+  rules = train_rules(parameter_partitioning_dims)
   module = network.Transformer(config)
   optimizer = _configured(make_optimizer)()
+  # Layout and the init checkpoint are checked before anything is written.
+  specs = state_specs(config, optimizer, rules, partitioning.mesh_axis_sizes(mesh))
+  shardings = partitioning.named_shardings(mesh, specs)
+  if init_from_t5x:
+    init_from_t5x = checkpoints.check_t5x_checkpoint(init_from_t5x, config)
+  os.makedirs(model_dir, exist_ok=True)
+  chief = jax.process_index() == 0  # writes the logs, run records and export
+  log_path = os.path.join(model_dir, 'train_log.jsonl')
   distill.get_divergence(divergence)  # a bad name fails before any work
   teacher = None
   if teacher_dir:
@@ -342,30 +492,33 @@ def train(model_dir: str,
                        f'student vocab_size {config.vocab_size}.')
     teacher = (network.Transformer(teacher_config), teacher_params)
 
-  mesh = _mesh()
-  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-  data_sharded = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('data'))
-
-  def fresh_state(params):
-    return {'step': jnp.zeros((), jnp.int32), 'params': params,
-            'opt_state': optimizer.init(params)}
+  replicated = NamedSharding(mesh, PartitionSpec())
+  data_sharding = NamedSharding(mesh, _batch_spec(mesh, rules, batch_size))
+  shapes = state_shapes(config, optimizer)
+  print(_layout_line(mesh, specs, shapes), flush=True)
 
   def initial_params():
+    """Params laid out on the mesh: fresh (initialised in their shards) or from a checkpoint."""
+    if init_from_t5x:
+      print(f'Initialising params from the T5X checkpoint {init_from_t5x}.', flush=True)
+      return checkpoints.restore_params(init_from_t5x, config, shardings=shardings['params'])
     if not init_from_dir:
-      return network.init_params(config, jax.random.PRNGKey(seed))
+      init = jax.jit(functools.partial(network.init_params, config),
+                     out_shardings=shardings['params'])
+      return init(jax.random.PRNGKey(seed))
     init_config, params = checkpoints.load_compact(init_from_dir)
     if init_matching_only:
-      return _matching_params(network.init_params(config, jax.random.PRNGKey(seed)), params,
-                              init_from_dir)
-    if init_config != config:
+      params = _matching_params(network.init_params(config, jax.random.PRNGKey(seed)), params,
+                                init_from_dir)
+    elif init_config != config:
       raise ValueError(f'init_from_dir={init_from_dir} holds a different '
                        f'config: {init_config} vs {config}.')
-    return params
+    return partitioning.put_tree(params, shardings['params'])
 
   checkpoint_dir = os.path.join(model_dir, 'checkpoints')
   manager = checkpoints.training_checkpoint_manager(checkpoint_dir)
-  abstract = jax.eval_shape(
-      lambda: fresh_state(network.init_params(config, jax.random.PRNGKey(seed))))
+  # Restored straight into this mesh's shardings, whatever mesh wrote it.
+  abstract = abstract_state(shapes, shardings)
   listed = manager.latest_step()
   latest, state = restore_latest_good(manager, abstract,
                                       os.path.join(model_dir, 'damaged_checkpoints'))
@@ -375,11 +528,13 @@ def train(model_dir: str,
   if latest is not None:
     print(f'Resumed from {model_dir} at step {latest}.', flush=True)
   else:
-    state = fresh_state(initial_params())
-  state = jax.device_put(state, replicated)
+    # The optimizer state is made in its shards too: no host holds it whole.
+    state = jax.jit(functools.partial(_fresh_state, optimizer),
+                    out_shardings=shardings, donate_argnums=(0,))(initial_params())
+  state = jax.device_put(state, shardings)
   start_step = int(state['step'])
   # Steps a killed run logged after its last checkpoint are trained again now.
-  dropped = drop_log_after(log_path, start_step)
+  dropped = drop_log_after(log_path, start_step) if chief else 0
   if dropped:
     print(f'Dropped {dropped} records past step {start_step} from {log_path} '
           '(logged after the last checkpoint; they are trained again).', flush=True)
@@ -388,7 +543,6 @@ def train(model_dir: str,
       loss_fn, module=module, z_loss=z_loss, teacher=teacher,
       distill_weight=distill_weight, divergence=divergence), has_aux=True)
 
-  @functools.partial(jax.jit, donate_argnums=(0,))
   def train_step(state, batch, rng):
     (loss, metrics), grads = grad_fn(state['params'], batch, rng)
     updates, opt_state = optimizer.update(grads, state['opt_state'], state['params'])
@@ -397,13 +551,22 @@ def train(model_dir: str,
                    grad_norm=optax.tree_utils.tree_norm(grads))
     return {'step': state['step'] + 1, 'params': params, 'opt_state': opt_state}, metrics
 
+  train_step = jax.jit(train_step, in_shardings=(shardings, data_sharding, replicated),
+                       out_shardings=(shardings, replicated), donate_argnums=(0,))
+
   eval_step = jax.jit(functools.partial(eval_loss, module))
-  eval_data = list(itertools.islice(train_batches(
-      mixture_or_task_name, feature_lengths, batch_size, seed=0, pack=True,
-      split='validation', num_epochs=1), eval_batches))
+  # Every host reads the whole (small) validation set: the same global batches.
+  eval_data = [partitioning.put_tree(b, _batch_shardings(mesh, rules, b))
+               for b in itertools.islice(train_batches(
+                   mixture_or_task_name, feature_lengths, batch_size, seed=0, pack=True,
+                   split='validation', num_epochs=1), eval_batches)]
   baseline = models.SpeculativeEncoderDecoderModel(
       module, None, decode_fn=decoding.temperature_sample)
-  predict = baseline.compile_predict({'temperature': 0.0})
+  sharded_predict = partitioning.compile_predict_sharded(baseline, mesh, rules,
+                                                         {'temperature': 0.0})
+
+  def predict(params, batch, rng):
+    return partitioning.to_host(sharded_predict(params, batch, rng))
 
   def evaluate(step):
     total, count = 0.0, 0.0
@@ -420,12 +583,15 @@ def train(model_dir: str,
           max_examples=eval_decode_examples)
       record.update({f'{task_name}/{k}': v for k, v in result['metrics'].items()})
     print('eval ' + json.dumps(record), flush=True)
-    _append_log(log_path, dict(record, kind='eval'))
+    if chief:
+      _append_log(log_path, dict(record, kind='eval'))
     return record
 
+  # Each host loads its rows of every batch; hosts of one model-parallel group the same.
+  shard = partitioning.host_batch_shard(mesh.devices, batch_size, jax.process_index())
   # A resumed run reshuffles with a seed derived from the step it resumes at.
-  data = train_batches(mixture_or_task_name, feature_lengths, batch_size,
-                       seed=seed + start_step)
+  data = train_batches(mixture_or_task_name, feature_lengths, batch_size // shard[1],
+                       seed=seed + start_step, shard=shard)
   progress = _Progress(num_steps, start_step)
   rng = jax.random.fold_in(jax.random.PRNGKey(seed), start_step)
   deadline = None if max_minutes is None else time.time() + 60 * max_minutes
@@ -443,22 +609,26 @@ def train(model_dir: str,
     """(Re)writes this run's runs.jsonl record: a killed run keeps its last checkpoint."""
     run_record.update(to_step=to_step, status=status,
                       minutes=(time.time() - run_started) / 60)
-    put_run_record(runs_path, run_record)
+    if chief:
+      put_run_record(runs_path, run_record)
 
   note_run(start_step)
   while step < num_steps:
-    batch = jax.device_put(next(data), data_sharded)
-    tokens += int(np.sum(batch['decoder_loss_weights'])) + int(
-        np.sum(batch['encoder_input_tokens'] > 0))
+    local_batch = next(data)
+    batch = partitioning.global_batch(local_batch, data_sharding, batch_size)
+    # This host's tokens (the progress line's rate is per host).
+    tokens += int(np.sum(local_batch['decoder_loss_weights'])) + int(
+        np.sum(local_batch['encoder_input_tokens'] > 0))
     rng, step_rng = jax.random.split(rng)
-    state, metrics = train_step(state, batch, step_rng)
+    state, metrics = train_step(state, batch, _put_replicated(step_rng, replicated))
     step += 1
     if step % log_every == 0 or step == num_steps:
       metrics = jax.tree_util.tree_map(float, metrics)
       print(progress.line(step, metrics['loss'], tokens), flush=True)
-      _append_log(log_path, dict(metrics, step=step, kind='train',
-                                 tokens_per_s=progress.tokens / max(
-                                     time.perf_counter() - progress.t0, 1e-9)))
+      if chief:
+        _append_log(log_path, dict(metrics, step=step, kind='train',
+                                   tokens_per_s=progress.tokens / max(
+                                       time.perf_counter() - progress.t0, 1e-9)))
       tokens = 0
     if step % checkpoint_every == 0 or step == num_steps:
       manager.save(step, args=_standard_save(state))
@@ -476,20 +646,50 @@ def train(model_dir: str,
   if record is None or record['step'] != step:
     record = evaluate(step)
   if export_dir:
-    runs = _read_jsonl(runs_path)
-    checkpoints.save_compact(export_dir, config, jax.device_get(state['params']),
-                             extra={'train': {'step': step,
-                                              'mixture_or_task_name': mixture_or_task_name,
-                                              'teacher_dir': teacher_dir,
-                                              'distill_weight': distill_weight if teacher_dir else None,
-                                              'divergence': divergence if teacher_dir else None,
-                                              'corpus_dir': corpus_dir,
-                                              'init_from_dir': init_from_dir,
-                                              'runs': runs,
-                                              'minutes': sum(r['minutes'] for r in runs),
-                                              'final_eval': record}})
-    print(f'Exported params to {export_dir}.', flush=True)
+    # Every process takes part in gathering the params; one writes them.
+    params = partitioning.to_host(state['params'])
+    if chief:
+      runs = _read_jsonl(runs_path)
+      checkpoints.save_compact(export_dir, config, params,
+                               extra={'train': {'step': step,
+                                                'mixture_or_task_name': mixture_or_task_name,
+                                                'teacher_dir': teacher_dir,
+                                                'distill_weight': distill_weight if teacher_dir else None,
+                                                'divergence': divergence if teacher_dir else None,
+                                                'corpus_dir': corpus_dir,
+                                                'init_from_dir': init_from_dir,
+                                                'init_from_t5x': init_from_t5x,
+                                                'mesh': partitioning.mesh_axis_sizes(mesh),
+                                                'runs': runs,
+                                                'minutes': sum(r['minutes'] for r in runs),
+                                                'final_eval': record}})
+      print(f'Exported params to {export_dir}.', flush=True)
   return record
+
+
+def _check_task_vocabulary(mixture_or_task_name: str, config: network.T5Config) -> None:
+  """ValueError if the task's token ids do not all fit config.vocab_size."""
+  provider = seqio.get_mixture_or_task(mixture_or_task_name)
+  for name, feature in provider.output_features.items():
+    size = feature.vocabulary.vocab_size
+    if size > config.vocab_size:
+      raise ValueError(
+          f'{mixture_or_task_name}: its {name!r} vocabulary has {size} ids but '
+          f'config.vocab_size={config.vocab_size}: the embedding would not cover them '
+          '(T5 1.1 checkpoints use 32128 for T5\'s 32100-id vocabulary).')
+
+
+def _batch_spec(mesh, rules, batch_size: int) -> PartitionSpec:
+  """('batch', 'length') -> mesh axes for [batch_size, L] features (batch over 'data')."""
+  return partitioning.logical_to_mesh_specs(
+      PartitionSpec('batch', 'length'), jax.ShapeDtypeStruct((batch_size, 1), np.int32),
+      rules, partitioning.mesh_axis_sizes(mesh))
+
+
+def _batch_shardings(mesh, rules, batch: Mapping[str, Any]) -> dict:
+  """One sharding per feature; a batch that does not divide over 'data' is replicated."""
+  return partitioning.named_shardings(
+      mesh, partitioning.batch_specs(batch, rules, partitioning.mesh_axis_sizes(mesh)))
 
 
 def _matching_params(fresh: PyTree, init: PyTree, init_from_dir: str) -> PyTree:
@@ -521,9 +721,19 @@ def _standard_save(state):
 
 
 def main(argv=None):
+  """`python -m specdec.train [--multihost] --gin_file=... --gin.NAME=VALUE ...`.
+
+  `--multihost` initialises multi-host JAX first (`partitioning.initialize_multihost`:
+  every host of a TPU pod slice runs the same command).
+  """
   files, bindings, rest = gin_utils.split_gin_args(sys.argv[1:] if argv is None else argv)
+  multihost = '--multihost' in rest
+  rest = [a for a in rest if a != '--multihost']
   if rest:
-    raise SystemExit(f'Unknown arguments: {rest}')
+    raise SystemExit(f'Unknown arguments: {rest} (use --gin_file=PATH, --gin.NAME=VALUE, '
+                     '--multihost).')
+  if multihost:
+    partitioning.initialize_multihost(enabled=True)
   try:
     gin_utils.parse(files, bindings)
   except gin_utils.GinConfigError as e:  # a typo: one line, not a traceback

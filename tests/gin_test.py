@@ -17,6 +17,7 @@ from specdec import models
 from specdec import network
 from specdec import tables
 from specdec import tasks
+from specdec import train
 
 GIN_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'gin')
 
@@ -242,6 +243,12 @@ def test_the_issue_reproduction_gamma_typo_is_refused():
                                                'main.run.overwrite = True']),
     ('train/cpu_target.gin', ["MODEL_DIR = 'runs/target'", "EXPORT_DIR = 'runs/target.partial'",
                               'train.train.num_steps = 10']),
+    # docs/cloud_tpu.md and scripts/tpu/*.sh.
+    ('train/table2/xxl_ende.gin', ["MODEL_DIR = 'gs://bucket/finetune/xxl_ende'"]),
+    ('experiments/table2/xxl_ende_small_t0.gin', [
+        "OUTPUT_DIR = 'gs://bucket/table2/xxl_ende_small_t0'",
+        "TARGET_CHECKPOINT = 'gs://bucket/finetune/xxl_ende/checkpoints'",
+        "DRAFTER_CHECKPOINT = 'gs://bucket/finetune/small_ende/checkpoints'"]),
 ])
 def test_bindings_in_use_are_accepted(path, bindings):
   gin.clear_config()
@@ -253,3 +260,85 @@ def test_unset_output_dir_is_one_line():
   with pytest.raises(gin_utils.GinConfigError) as e:
     gin_utils.parse(['experiments/cpu/table2/ende_d1_t0.gin'], [])
   assert str(e.value) == 'macro OUTPUT_DIR is used but never set: bind it, e.g. --gin.OUTPUT_DIR=VALUE.'
+
+
+# -----------------------------------------------------------------------------
+# gin/train/table2: fine-tuning the Table-2 models (scripts/tpu/finetune_table2.sh)
+# -----------------------------------------------------------------------------
+
+FINETUNE_DIR = os.path.join(GIN_DIR, 'train', 'table2')
+FINETUNE_RUNS = [(size, task) for size in ('small', 'base', 'large', 'xxl') for task in ('ende', 'cnndm')]
+TRAIN_DEFAULTS = {k: p.default for k, p in inspect.signature(train.train).parameters.items()}
+
+
+def _train_params(path, bindings=()):
+  """train.train's parameters as the file binds them, plus the optimizer's, resolved."""
+  gin.clear_config()
+  gin_utils.parse([path], ["MODEL_DIR = 'gs://bucket/finetune/run'"] + list(bindings))
+  params = {}
+  for name, default in TRAIN_DEFAULTS.items():
+    try:
+      params[name] = _resolve(gin.query_parameter(f'train.train.{name}'))
+    except ValueError:  # not bound: train.train's default
+      params[name] = default
+  for name in ('name', 'schedule', 'clip_norm'):
+    params[f'optimizer_{name}'] = gin.query_parameter(f'train.make_optimizer.{name}')
+  params['learning_rate'] = _resolve(gin.query_parameter('train.constant_learning_rate.value'))
+  return params
+
+
+def test_finetune_files_are_the_eight_runs_and_their_shared_base():
+  assert sorted(os.listdir(FINETUNE_DIR)) == sorted(
+      ['finetune.gin'] + [f'{size}_{task}.gin' for size, task in FINETUNE_RUNS])
+
+
+@pytest.mark.parametrize('size, task', FINETUNE_RUNS)
+def test_finetune_run(size, task):
+  p = _train_params(f'train/table2/{size}_{task}.gin')
+  assert p['model_dir'] == 'gs://bucket/finetune/run'
+  # T5 1.1 of that size, as T5X fine-tunes it: bf16 activations, dropout 0.1, T5's padded vocabulary.
+  assert p['config'] == network.t5_1_1_config(size, dtype='bfloat16', dropout_rate=0.1)
+  assert p['init_from_t5x'] == f'gs://t5-data/pretrained_models/t5x/t5_1_1_{size}/checkpoint_1000000'
+  assert p['mixture_or_task_name'] == PAPER_TASK[task]
+  assert list(p['eval_decode_tasks']) == [PAPER_TASK[task]]
+  assert p['eval_decode_examples'] > 0 and p['eval_every'] <= p['num_steps']
+  # T5X's fine-tuning defaults (t5x/configs/runs/finetune.gin, t5_1_1/base.gin).
+  assert p['batch_size'] == 128
+  assert (p['optimizer_name'], p['optimizer_schedule'], p['optimizer_clip_norm']) == (
+      'adafactor', 'constant', None)
+  assert p['learning_rate'] == 1e-3
+  assert p['z_loss'] == 1e-4
+  assert p['parameter_partitioning_dims'] in (1, 2)
+  assert p['config'].num_heads % p['num_partitions'] == 0
+
+
+@pytest.mark.parametrize('size, task', FINETUNE_RUNS)
+def test_finetune_starts_from_the_checkpoint_table2_decodes_by_default(size, task):
+  # The Table-2 rows read the public checkpoints unless pointed at the fine-tunes: the same models.
+  temperature, drafter = 0, 'small' if size == 'xxl' else size
+  decode = _run_params(f'experiments/table2/xxl_{task}_{drafter}_t{temperature}.gin')
+  checkpoint = decode['target_checkpoint' if size == 'xxl' else 'drafter_checkpoint']
+  assert _train_params(f'train/table2/{size}_{task}.gin')['init_from_t5x'] == checkpoint
+
+
+@pytest.mark.parametrize('task', ['ende', 'cnndm'])
+def test_table2_decodes_the_inputs_the_models_were_fine_tuned_on(task):
+  trained = {size: dict(_train_params(f'train/table2/{size}_{task}.gin')['feature_lengths'])
+             for size in ('small', 'base', 'large', 'xxl')}
+  assert len({tuple(sorted(t.items())) for t in trained.values()}) == 1  # target and drafters alike
+  decoded = dict(_run_params(f'experiments/table2/xxl_{task}_small_t0.gin')['feature_lengths'])
+  assert decoded['inputs'] == trained['xxl']['inputs']
+  assert decoded['targets'] >= trained['xxl']['targets']  # a decoding limit, not a cut
+
+
+@pytest.mark.parametrize('size, task', FINETUNE_RUNS)
+def test_finetune_file_refuses_a_misspelt_macro(size, task):
+  gin.clear_config()
+  with pytest.raises(gin_utils.GinConfigError, match=r'macro MODEL_DIRR, .*\(did you mean MODEL_DIR\?\)'):
+    gin_utils.parse([f'train/table2/{size}_{task}.gin'], ["MODEL_DIR = 'x'", "MODEL_DIRR = 'x'"])
+
+
+def test_finetune_without_model_dir_is_one_line():
+  gin.clear_config()
+  with pytest.raises(gin_utils.GinConfigError, match='^macro MODEL_DIR is used but never set'):
+    gin_utils.parse(['train/table2/small_ende.gin'], [])

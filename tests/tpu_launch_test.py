@@ -12,6 +12,7 @@ No TPU or Cloud project is reachable from the test machine, so:
 import importlib.util
 import json
 import os
+import re
 import shlex
 import shutil
 import stat
@@ -454,3 +455,300 @@ class TestReproduceTable2:
   def test_needs_output_root(self):
     result = _run(['--dry_run'], path_dirs=_script_path(), script=REPRODUCE)
     assert result.returncode != 0 and 'gs://' in result.stderr
+
+
+# -----------------------------------------------------------------------------
+# --entry=train: the trainer instead of specdec.main
+# -----------------------------------------------------------------------------
+
+TRAIN_FLAGS = ['--tpu_name=specdec-v4', '--zone=us-central2-b', '--entry=train',
+               '--gin_file=train/table2/xxl_ende.gin',
+               '--output_dir=gs://bucket/finetune/xxl_ende']
+
+
+class TestTrainEntry:
+
+  def test_runs_the_trainer_with_model_dir(self, gin_dir):
+    lines = _dry_run(TRAIN_FLAGS + [f'--gin_dir={gin_dir}', '--skip_create', '--skip_install',
+                                    '--env=TFDS_DATA_DIR=gs://bucket/tfds'])
+    assert _remote(lines[-1])[-1] == [
+        'env', 'TFDS_DATA_DIR=gs://bucket/tfds', 'python', '-m', 'specdec.train', '--multihost',
+        '--gin_file=train/table2/xxl_ende.gin', "--gin.MODEL_DIR='gs://bucket/finetune/xxl_ende'"]
+
+  def test_main_stays_the_default(self, gin_dir):
+    lines = _dry_run(BASE_FLAGS + [f'--gin_dir={gin_dir}', '--skip_create', '--skip_install'])
+    assert _remote(lines[-1])[-1][:4] == ['python', '-m', 'specdec.main', '--multihost']
+
+  def test_model_dir_comes_from_output_dir(self):
+    result = _run(['--dry_run', *TRAIN_FLAGS, "--gin=MODEL_DIR='gs://x'"])
+    assert result.returncode == 2 and 'Set MODEL_DIR with --output_dir' in result.stderr
+
+  def test_unknown_entry(self):
+    result = _run(['--dry_run', *BASE_FLAGS, '--entry=serve'])
+    assert result.returncode == 2 and 'invalid choice' in result.stderr
+
+  def test_training_launch_on_a_fake_worker(self, gin_dir, tmp_path):
+    train_gin = os.path.join(gin_dir, 'train', 'table2', 'xxl_ende.gin')
+    os.makedirs(os.path.dirname(train_gin))
+    with open(train_gin, 'w') as f:
+      f.write("include 'models/speculative.gin'\n")
+    cloud = FakeCloud(tmp_path)
+    result = cloud.run([*TRAIN_FLAGS, f'--gin_dir={gin_dir}', '--apt_packages=',
+                        f'--worker_python={cloud.bin}/fake-python3.11'])
+    assert result.returncode == 0, result.stderr
+    python = cloud.worker_calls()[-1]
+    assert python['prog'] == 'python'
+    assert python['argv'] == ['-m', 'specdec.train', '--multihost',
+                              '--gin_file=train/table2/xxl_ende.gin',
+                              "--gin.MODEL_DIR='gs://bucket/finetune/xxl_ende'"]
+
+
+# -----------------------------------------------------------------------------
+# scripts/tpu/finetune_table2.sh
+# -----------------------------------------------------------------------------
+
+FINETUNE = os.path.join(REPO, 'scripts', 'tpu', 'finetune_table2.sh')
+FINETUNE_RUNS = [f'{size}_{task}' for size in ('small', 'base', 'large', 'xxl')
+                 for task in ('ende', 'cnndm')]
+
+
+def _script_dry_run(script, args):
+  """(exit code, parsed stdout lines, stderr) of a script's dry run, without gcloud on PATH."""
+  result = _run([*args, '--dry_run'], path_dirs=_script_path(), script=script,
+                env={'PYTHON': sys.executable})
+  return result.returncode, [shlex.split(l) for l in result.stdout.splitlines()], result.stderr
+
+
+def _trainer_runs(lines):
+  return [_remote(a)[-1] for a in lines
+          if _kind(a) == 'ssh' and 'specdec.train' in _flag(a, 'command')]
+
+
+class TestFinetuneTable2:
+
+  def test_dry_run_covers_the_eight_runs_smallest_first(self):
+    code, lines, stderr = _script_dry_run(FINETUNE, [
+        'gs://bucket/finetune/', '--tpu_name=specdec-ft', '--zone=us-central2-b', '--delete_after',
+        '--env=TFDS_DATA_DIR=gs://bucket/tfds'])
+    assert code == 0, stderr
+    runs = _trainer_runs(lines)
+    assert [r[6] for r in runs] == [f'--gin_file=train/table2/{n}.gin' for n in FINETUNE_RUNS]
+    for run, name in zip(runs, FINETUNE_RUNS):
+      assert run[:5] == ['env', 'TFDS_DATA_DIR=gs://bucket/tfds', 'python', '-m', 'specdec.train']
+      assert run[7] == f"--gin.MODEL_DIR='gs://bucket/finetune/{name}'"
+    # One slice for all eight, a v4-128 by default: created and installed once, deleted at the end.
+    kinds = [_kind(a) for a in lines]
+    assert kinds[0] == 'create' and kinds.count('create') == 1
+    assert _flag(lines[0], 'accelerator-type') == 'v4-128'
+    assert kinds.count('tar') == 1
+    assert kinds[-1] == 'delete' and kinds.count('delete') == 1
+
+  def test_accelerator_type_can_be_changed(self):
+    code, lines, _ = _script_dry_run(FINETUNE, [
+        'gs://bucket/finetune', '--tpu_name=specdec-ft', '--zone=us-central2-b',
+        '--accelerator_type=v4-256'])
+    assert code == 0 and _flag(lines[0], 'accelerator-type') == 'v4-256'
+
+  def test_only_runs_a_subset(self):
+    code, lines, _ = _script_dry_run(FINETUNE, [
+        'gs://bucket/finetune', '--tpu_name=specdec-ft', '--zone=us-central2-b',
+        '--only=xxl_cnndm,small_ende', '--skip_create'])
+    assert code == 0
+    assert [r[4] for r in _trainer_runs(lines)] == ['--gin_file=train/table2/xxl_cnndm.gin',
+                                                    '--gin_file=train/table2/small_ende.gin']
+    assert 'create' not in [_kind(a) for a in lines]
+
+  def test_unknown_run_is_named(self):
+    code, lines, stderr = _script_dry_run(FINETUNE, [
+        'gs://bucket/finetune', '--tpu_name=specdec-ft', '--zone=us-central2-b', '--only=xxl_xsum'])
+    assert code == 2 and lines == [] and "unknown run 'xxl_xsum'" in stderr
+
+  def test_needs_output_root(self):
+    result = _run(['--dry_run'], path_dirs=_script_path(), script=FINETUNE)
+    assert result.returncode != 0 and 'gs://' in result.stderr
+
+  def test_every_run_has_its_gin_file(self):
+    for name in FINETUNE_RUNS:
+      assert os.path.isfile(os.path.join(REPO, 'gin', 'train', 'table2', f'{name}.gin')), name
+
+
+# -----------------------------------------------------------------------------
+# reproduce_table2_tpu.sh --checkpoints (the fine-tunes) and --table (the table)
+# -----------------------------------------------------------------------------
+
+REPRODUCE_FLAGS = ['gs://bucket/table2', '--tpu_name=specdec-v4', '--zone=us-central2-b']
+
+
+class TestReproduceWithFinetunes:
+
+  def test_checkpoints_bind_both_macros_per_row(self):
+    code, lines, stderr = _script_dry_run(REPRODUCE, REPRODUCE_FLAGS + [
+        '--checkpoints=gs://bucket/finetune/'])
+    assert code == 0, stderr
+    runs = [_remote(a)[-1] for a in lines
+            if _kind(a) == 'ssh' and 'specdec.main' in _flag(a, 'command')]
+    assert len(runs) == 12
+    for run in runs:
+      name = run[4][len('--gin_file=experiments/table2/'):-len('.gin')]
+      _, task, size, _ = name.split('_')
+      assert run[6:] == [f"--gin.TARGET_CHECKPOINT='gs://bucket/finetune/xxl_{task}/checkpoints'",
+                         f"--gin.DRAFTER_CHECKPOINT='gs://bucket/finetune/{size}_{task}/checkpoints'"]
+
+  def test_without_checkpoints_the_gin_files_decide(self):
+    _, lines, _ = _script_dry_run(REPRODUCE, REPRODUCE_FLAGS)
+    assert not any('CHECKPOINT' in _flag(a, 'command') for a in lines if _kind(a) == 'ssh')
+
+  def test_checkpoints_must_be_on_gcs(self):
+    code, lines, stderr = _script_dry_run(REPRODUCE, REPRODUCE_FLAGS + ['--checkpoints=/local/ft'])
+    assert code == 2 and lines == [] and 'gs://' in stderr
+
+  def test_table_copies_the_rows_down_and_makes_the_table(self):
+    code, lines, stderr = _script_dry_run(REPRODUCE, REPRODUCE_FLAGS + [
+        '--table=results/table2_tpu', '--delete_after'])
+    assert code == 0, stderr
+    mkdir, copy, make = lines[-3:]
+    assert _kind(lines[-4]) == 'delete'  # the slice goes first: copying needs none
+    assert mkdir == ['mkdir', '-p', 'results/table2_tpu/rows']
+    assert copy == ['gcloud', 'storage', 'cp', '-r', 'gs://bucket/table2/*', 'results/table2_tpu/rows/']
+    assert make[:6] == [sys.executable, 'scripts/make_table2.py', '--rows', 'results/table2_tpu/rows',
+                        '--out', 'results/table2_tpu']
+    recorded = _flag(make, 'command')
+    assert recorded.startswith('bash scripts/tpu/reproduce_table2_tpu.sh gs://bucket/table2 ')
+    assert '--dry_run' not in recorded and '--delete_after' in recorded
+
+
+# -----------------------------------------------------------------------------
+# scripts/tpu/setup_cloud.sh
+# -----------------------------------------------------------------------------
+
+SETUP = os.path.join(REPO, 'scripts', 'tpu', 'setup_cloud.sh')
+
+
+class TestSetupCloud:
+
+  def test_dry_run_commands_in_order(self):
+    code, lines, stderr = _script_dry_run(SETUP, ['--project=my-proj', '--bucket=gs://my-bucket/'])
+    assert code == 0, stderr
+    assert [a[:4] for a in lines] == [
+        ['gcloud', 'config', 'set', 'project'],
+        ['gcloud', 'services', 'enable', 'tpu.googleapis.com'],
+        ['gcloud', 'beta', 'services', 'identity'],
+        ['gcloud', 'storage', 'buckets', 'create'],
+        ['gcloud', 'storage', 'buckets', 'add-iam-policy-binding'],
+        ['tfds', 'build', 'wmt_t2t_translate/de-en', '--data_dir=gs://my-bucket/tfds'],
+        ['tfds', 'build', 'cnn_dailymail', '--data_dir=gs://my-bucket/tfds'],
+        ['gcloud', 'storage', 'ls', 'gs://my-bucket/tfds/wmt_t2t_translate/de-en/1.0.0/']]
+    # The versions specdec/tasks.py pins are the ones checked.
+    from specdec import tasks  # pylint: disable=g-import-not-at-top
+    for name in (tasks.WMT_ENDE_TFDS_NAME, tasks.CNN_DAILYMAIL_TFDS_NAME):
+      dataset, version = name.split(':')
+      assert f'gs://my-bucket/tfds/{dataset}/{version}/' in lines[-1]
+    assert _flag(lines[3], 'location') == 'us-central2'
+    assert _flag(lines[4], 'member') == (
+        'serviceAccount:PROJECT_NUMBER-compute@developer.gserviceaccount.com')
+
+  def test_create_project_needs_billing_and_links_it(self):
+    code, _, stderr = _script_dry_run(SETUP, ['--project=p', '--bucket=gs://b', '--create_project'])
+    assert code == 2 and '--billing_account' in stderr
+    code, lines, _ = _script_dry_run(SETUP, ['--project=p', '--bucket=gs://b', '--create_project',
+                                             '--billing_account=0A-1B', '--skip_data'])
+    assert code == 0
+    assert lines[:2] == [['gcloud', 'projects', 'create', 'p'],
+                         ['gcloud', 'billing', 'projects', 'link', 'p', '--billing-account=0A-1B']]
+    assert not any(a[0] == 'tfds' for a in lines)
+
+  @pytest.mark.parametrize('args, message', [
+      (['--bucket=gs://b'], '--project is required'),
+      (['--project=p', '--bucket=b'], '--bucket must be gs://'),
+      (['--project=p', '--bucket=gs://b', '--zone=x'], 'unknown flag'),
+  ])
+  def test_bad_flags(self, args, message):
+    code, lines, stderr = _script_dry_run(SETUP, args)
+    assert code == 2 and lines == [] and message in stderr
+
+  def test_missing_gcloud_is_reported_before_anything_runs(self, tmp_path):
+    # A PATH with bash and dirname only (the machine's own bin directory may hold a real gcloud).
+    bin_dir = tmp_path / 'bin'
+    bin_dir.mkdir()
+    for tool in ('bash', 'dirname'):
+      os.symlink(shutil.which(tool), bin_dir / tool)
+    result = _run(['--project=p', '--bucket=gs://b'], path_dirs=[str(bin_dir)], script=SETUP)
+    assert result.returncode == 2 and 'gcloud not found' in result.stderr and result.stdout == ''
+
+
+# -----------------------------------------------------------------------------
+# docs/cloud_tpu.md: every command shown is one the dry runs execute
+# -----------------------------------------------------------------------------
+
+DOC = os.path.join(REPO, 'docs', 'cloud_tpu.md')
+
+
+def _doc_commands():
+  """The commands in the doc's fenced code blocks, continuation lines joined."""
+  commands, in_block, current = [], False, ''
+  with open(DOC, encoding='utf-8') as f:
+    for line in f:
+      if line.startswith('```'):
+        in_block = not in_block
+        continue
+      if not in_block or not line.strip():
+        continue
+      current += line.strip()
+      if current.endswith('\\'):
+        current = current[:-1] + ' '
+        continue
+      commands.append(current)
+      current = ''
+  return commands
+
+
+def _is_script(words):
+  return ((words[0] == 'bash' and words[1].startswith('scripts/tpu/'))
+          or words[:2] == ['python', 'scripts/tpu/launch.py'])
+
+
+def _executed(line):
+  """The commands a printed line runs: itself, and for an ssh line each remote command (with and without env)."""
+  words = shlex.split(line)
+  words = ['python' if w == sys.executable else w for w in words]
+  out = [words]
+  if words[:5] == ['gcloud', 'compute', 'tpus', 'tpu-vm', 'ssh']:
+    for remote in _remote(words):
+      out.append(remote)
+      if remote[0] == 'env':
+        out.append(remote[next(i for i, w in enumerate(remote[1:], 1) if '=' not in w):])
+  return out
+
+
+class TestDocs:
+
+  def test_every_command_shown_is_run_by_a_dry_run(self):
+    commands = [shlex.split(c) for c in _doc_commands()]
+    scripts = [c for c in commands if _is_script(c)]
+    assert len(scripts) >= 7  # setup, fine-tune (+ a relaunch), reproduce: each as a dry run and for real
+    executed = []
+    for words in scripts:
+      path = os.path.join(REPO, words[1])
+      args = words[2:] + ([] if '--dry_run' in words else ['--dry_run'])
+      result = subprocess.run(
+          ([sys.executable] if path.endswith('.py') else [shutil.which('bash')]) + [path, *args],
+          capture_output=True, text=True, cwd=REPO, timeout=120, check=False,
+          env={'PATH': os.pathsep.join(_script_path()), 'HOME': os.environ.get('HOME', '/'),
+               'PYTHON': sys.executable})
+      assert result.returncode == 0, (words, result.stderr)
+      for line in result.stdout.splitlines():
+        executed += _executed(line)
+    shown = [c for c in commands if not _is_script(c)]
+    assert shown  # the doc shows what the scripts run, not only how to call them
+    for words in shown:
+      assert words in executed, f'docs/cloud_tpu.md shows a command no dry run executes: {shlex.join(words)}'
+
+  def test_the_doc_names_the_gin_files_and_results_that_exist(self):
+    with open(DOC, encoding='utf-8') as f:
+      text = f.read()
+    named = re.findall(r'`((?:gin|scripts|results|docs|tests|specdec)/[\w./{},-]+)`', text)
+    assert len(named) > 10
+    for path in named:
+      if '{' in path or path.startswith('results/table2_tpu'):  # patterns; what the path makes
+        continue
+      assert os.path.exists(os.path.join(REPO, path)), path

@@ -6,6 +6,12 @@
     --output_dir=gs://my-bucket/table2/xxl_ende_small_t0 \
     --env=TFDS_DATA_DIR=gs://my-bucket/tfds
 
+  python scripts/tpu/launch.py --dry_run --entry=train \
+    --tpu_name=specdec-v4 --zone=us-central2-b --accelerator_type=v4-128 \
+    --gin_file=train/table2/xxl_ende.gin \
+    --output_dir=gs://my-bucket/finetune/xxl_ende \
+    --env=TFDS_DATA_DIR=gs://my-bucket/tfds
+
 Steps, in order (each one a command; `--dry_run` prints them, one per line,
 and runs nothing):
 
@@ -20,7 +26,10 @@ and runs nothing):
      ~/specdec_run/ on every worker, replacing the previous copy.
   4. run `python -m specdec.main --multihost ...` on all workers at once
      (a multi-host slice runs one JAX process per worker; `--multihost` makes
-     specdec.main call `jax.distributed.initialize()`).
+     specdec.main call `jax.distributed.initialize()`), with `--output_dir`
+     bound to the gin macro OUTPUT_DIR. `--entry=train` runs the trainer
+     instead, `python -m specdec.train --multihost ...`, with `--output_dir`
+     bound to MODEL_DIR (its checkpoints, logs and evaluations).
   5. with `--delete_after`: delete the TPU VM, also when an earlier step failed
      (an idle slice still costs money).
 
@@ -64,6 +73,9 @@ APT_GET = ['sudo', 'apt-get', '-o', 'DPkg::Lock::Timeout=600', '-q']
 # Cloud TPU names: lowercase letter first, then lowercase letters, digits, '-'.
 TPU_NAME_RE = re.compile(r'^[a-z]([-a-z0-9]*[a-z0-9])?$')
 GIN_NAME_RE = re.compile(r'^[A-Za-z_][\w./]*$')
+# --entry: the module every worker runs, and the gin macro --output_dir binds.
+ENTRIES = {'main': ('specdec.main', 'OUTPUT_DIR'),
+           'train': ('specdec.train', 'MODEL_DIR')}
 ENV_NAME_RE = re.compile(r'^[A-Za-z_]\w*$')
 
 
@@ -98,12 +110,16 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                      help='Create a Spot TPU (cheaper, can be preempted).')
 
   what = parser.add_argument_group('what')
+  what.add_argument('--entry', choices=sorted(ENTRIES), default='main',
+                    help='main: python -m specdec.main (decoding, benchmarks); '
+                         'train: python -m specdec.train (fine-tuning).')
   what.add_argument('--gin_file', action='append', required=True,
                     help='Gin file relative to --gin_dir (repeatable).')
   what.add_argument('--gin', action='append', default=[], metavar='NAME=VALUE',
                     help='Gin binding, passed as --gin.NAME=VALUE (repeatable).')
   what.add_argument('--output_dir', required=True,
-                    help='gs:// path, bound to OUTPUT_DIR; shared by workers.')
+                    help='gs:// path, bound to OUTPUT_DIR (--entry=train: '
+                         'MODEL_DIR); shared by workers.')
   what.add_argument('--env', action='append', default=[], metavar='NAME=VALUE',
                     help='Environment variable for the run (repeatable), '
                          'e.g. TFDS_DATA_DIR=gs://bucket/tfds.')
@@ -144,14 +160,20 @@ def validate(args: argparse.Namespace) -> None:
     name, sep, _ = binding.partition('=')
     if not sep or not GIN_NAME_RE.match(name):
       raise LaunchError(f'--gin {binding!r}: expected NAME=VALUE.')
-    if name == 'OUTPUT_DIR':
-      raise LaunchError('Set OUTPUT_DIR with --output_dir, not --gin.')
+    macro = output_macro(args)
+    if name == macro:
+      raise LaunchError(f'Set {macro} with --output_dir, not --gin.')
   for assignment in args.env:
     name, sep, _ = assignment.partition('=')
     if not sep or not ENV_NAME_RE.match(name):
       raise LaunchError(f'--env {assignment!r}: expected NAME=VALUE.')
   if not os.path.isdir(args.gin_dir):
     raise LaunchError(f'--gin_dir={args.gin_dir!r} is not a directory.')
+
+
+def output_macro(args: argparse.Namespace) -> str:
+  """The gin macro that --output_dir binds: OUTPUT_DIR, or MODEL_DIR for training."""
+  return ENTRIES[args.entry][1]
 
 
 def gin_file_on_worker(path: str, gin_dir: str) -> str:
@@ -275,9 +297,9 @@ def copy_steps(args: argparse.Namespace) -> List[Step]:
 
 def run_command(args: argparse.Namespace, gin_files: Sequence[str]) -> List[str]:
   """The argv every worker runs (inside the gin directory)."""
-  argv = ['python', '-m', 'specdec.main', '--multihost']
+  argv = ['python', '-m', ENTRIES[args.entry][0], '--multihost']
   argv += [f'--gin_file={f}' for f in gin_files]
-  argv.append(f"--gin.OUTPUT_DIR='{args.output_dir}'")
+  argv.append(f"--gin.{output_macro(args)}='{args.output_dir}'")
   argv += [f'--gin.{binding}' for binding in args.gin]
   if args.env:
     argv = ['env', *args.env, *argv]
