@@ -8,7 +8,11 @@ Compact format (one directory per model, the shipped CPU models):
 Loading casts back to float32 and checks the recorded sha256 (a directory
 saved before hashes existed has no "files" and loads unchecked); a damaged,
 truncated or modified file raises ValueError naming it. Writes are atomic
-(temp file, then rename).
+(temp file, then rename: `fileio.atomic_write`, local or gs://).
+
+Paths may be local or gs:// (any tf.io.gfile URL): files go through
+specdec/fileio.py, and Orbax / TensorStore take the URL as it is. Hugging
+Face directories are read from local disk only.
 
 One entry point reads params of any format onto devices, each device reading
 only its shard (`restore_params`; see docs/checkpoints.md):
@@ -25,9 +29,7 @@ import dataclasses
 import functools
 import hashlib
 import json
-import os
 import re
-import tempfile
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 import flax
@@ -36,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from specdec import fileio
 from specdec import hf_checkpoint
 from specdec import network
 from specdec import t5x_checkpoint
@@ -48,13 +51,8 @@ FILES_FIELD = 'files'
 
 
 def atomic_write(path: str, data: bytes) -> None:
-  """Writes `data` to `path` via a temp file and a rename (readable by all)."""
-  directory = os.path.dirname(os.path.abspath(path))
-  os.makedirs(directory, exist_ok=True)
-  with tempfile.NamedTemporaryFile('wb', dir=directory, delete=False) as f:
-    f.write(data)
-  os.chmod(f.name, 0o644)  # tempfile makes files private
-  os.replace(f.name, path)
+  """Writes `data` to `path` whole or not at all (`fileio.atomic_write`: local or gs://)."""
+  fileio.atomic_write(path, data)
 
 
 def config_to_dict(config: network.T5Config) -> dict:
@@ -78,7 +76,7 @@ def sha256_hex(data: bytes) -> str:
 
 def read_json_meta(path: str) -> dict:
   """A model's config.json as a dict; ValueError naming the file if damaged."""
-  if not os.path.exists(path):
+  if not fileio.exists(path):
     raise FileNotFoundError(f'No model config at {path}.')
   return hf_checkpoint.read_json_object(path, kind='config file')
 
@@ -88,10 +86,10 @@ def read_verified(directory: str, name: str, meta: Mapping[str, Any]) -> bytes:
 
   A model saved before hashes were recorded (no entry) is read unchecked.
   """
-  path = os.path.join(directory, name)
-  if not os.path.exists(path):
+  path = fileio.join(directory, name)
+  if not fileio.exists(path):
     raise FileNotFoundError(f'No {name} at {path}.')
-  with open(path, 'rb') as f:
+  with fileio.open(path, 'rb') as f:
     data = f.read()
   recorded = (meta.get(FILES_FIELD) or {}).get(name)
   if recorded is not None and sha256_hex(data) != recorded:
@@ -107,11 +105,11 @@ def record_file_hashes(directory: str, names: Sequence[str]) -> dict:
   For models saved before hashes were recorded (and after a deliberate edit
   of a model file). Returns the updated metadata.
   """
-  path = os.path.join(directory, CONFIG_FILE)
+  path = fileio.join(directory, CONFIG_FILE)
   meta = read_json_meta(path)
   files = dict(meta.get(FILES_FIELD) or {})
   for name in names:
-    with open(os.path.join(directory, name), 'rb') as f:
+    with fileio.open(fileio.join(directory, name), 'rb') as f:
       files[name] = sha256_hex(f.read())
   meta[FILES_FIELD] = files
   atomic_write(path, json.dumps(meta, indent=2, sort_keys=True).encode())
@@ -132,8 +130,8 @@ def save_compact(directory: str, config: network.T5Config, params: PyTree,
     if clash:
       raise ValueError(f'extra metadata may not replace {sorted(clash)}.')
     meta.update(extra)
-  atomic_write(os.path.join(directory, PARAMS_FILE), data)
-  atomic_write(os.path.join(directory, CONFIG_FILE),
+  atomic_write(fileio.join(directory, PARAMS_FILE), data)
+  atomic_write(fileio.join(directory, CONFIG_FILE),
                 json.dumps(meta, indent=2, sort_keys=True).encode())
 
 
@@ -148,16 +146,16 @@ def _config_of(meta: Mapping[str, Any], path: str) -> network.T5Config:
 
 
 def load_config(directory: str) -> network.T5Config:
-  path = os.path.join(directory, CONFIG_FILE)
+  path = fileio.join(directory, CONFIG_FILE)
   return _config_of(read_json_meta(path), path)
 
 
 def _read_compact(directory: str) -> Tuple[network.T5Config, PyTree]:
   """(config, stored params tree) of a compact model, hash-checked."""
-  config_path = os.path.join(directory, CONFIG_FILE)
+  config_path = fileio.join(directory, CONFIG_FILE)
   meta = read_json_meta(config_path)
   config = _config_of(meta, config_path)
-  path = os.path.join(directory, PARAMS_FILE)
+  path = fileio.join(directory, PARAMS_FILE)
   data = read_verified(directory, PARAMS_FILE, meta)
   try:
     stored = flax.serialization.msgpack_restore(data)
@@ -172,7 +170,7 @@ def _read_compact(directory: str) -> Tuple[network.T5Config, PyTree]:
 def load_compact(directory: str) -> Tuple[network.T5Config, PyTree]:
   """Reads a compact model: (config, float32 params), checking the tree."""
   config, stored = _read_compact(directory)
-  path = os.path.join(directory, PARAMS_FILE)
+  path = fileio.join(directory, PARAMS_FILE)
   params = jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), stored)
   expected = jax.eval_shape(
       lambda: network.init_params(config, jax.random.PRNGKey(0)))
@@ -199,7 +197,7 @@ def training_checkpoint_manager(directory: str, max_to_keep: int = 2
                                 ) -> ocp.CheckpointManager:
   """An Orbax manager for {'step', 'params', 'opt_state'} training states."""
   return ocp.CheckpointManager(
-      os.path.abspath(directory),
+      fileio.abspath(directory),  # gs:// as it is: Orbax writes there itself
       options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True))
 
 
@@ -210,7 +208,7 @@ def load_module_and_params(directory: str):
   (config.json + counts.npz).
   """
   from specdec import ngram  # pylint: disable=g-import-not-at-top  (ngram imports this module)
-  if not os.path.isdir(directory):
+  if not fileio.isdir(directory):
     raise FileNotFoundError(f'No model directory at {directory}.')
   if ngram.is_ngram_dir(directory):
     return ngram.load(directory)
@@ -231,7 +229,7 @@ _FUNCTION_FIELDS = ('mlp_activations', 'logits_via_embedding',
 
 
 def _is_orbax_item(path: str) -> bool:
-  return any(os.path.isfile(os.path.join(path, m)) for m in _ORBAX_MARKERS)
+  return any(fileio.isfile(fileio.join(path, m)) for m in _ORBAX_MARKERS)
 
 
 def _orbax_item_dir(path: str) -> Optional[str]:
@@ -241,40 +239,47 @@ def _orbax_item_dir(path: str) -> Optional[str]:
   CheckpointManager (its 'default' item) or the manager's directory (the
   latest step).
   """
-  if not os.path.isdir(path):
+  if not fileio.isdir(path):
     return None
   if _is_orbax_item(path):
     return path
-  if _is_orbax_item(os.path.join(path, 'default')):
-    return os.path.join(path, 'default')
-  steps = sorted((int(n), n) for n in os.listdir(path) if re.fullmatch(r'\d+', n)
-                 and _is_orbax_item(os.path.join(path, n, 'default')))
-  if steps:
-    return os.path.join(path, steps[-1][1], 'default')
+  if _is_orbax_item(fileio.join(path, 'default')):
+    return fileio.join(path, 'default')
+  # Newest first, so that on GCS (one round trip per check) only one step is checked.
+  steps = sorted((int(n), n) for n in fileio.listdir(path) if re.fullmatch(r'\d+', n))
+  for _, name in reversed(steps):
+    if _is_orbax_item(fileio.join(path, name, 'default')):
+      return fileio.join(path, name, 'default')
   return None
 
 
 def detect_format(path: str) -> str:
   """'compact' | 'orbax' | 't5x' | 'hf' for a checkpoint path.
 
-  gs:// paths are taken to be T5X (`.../checkpoint_<step>`): the only format
-  read from GCS here. Raises FileNotFoundError / ValueError when `path` is
-  none of them.
+  Local paths and URLs (gs://...) alike, but Hugging Face directories are
+  read from local disk only. A URL named like a T5X checkpoint
+  (`.../checkpoint_<step>` or its `checkpoint` file) is taken to be one
+  without a round trip to the bucket. Raises FileNotFoundError / ValueError
+  when `path` is none of them.
   """
-  if t5x_checkpoint.is_remote(path):
-    if t5x_checkpoint.looks_like_t5x(path):
-      return 't5x'
-    raise ValueError(f'{path}: only T5X checkpoints (.../checkpoint_<step>) '
-                     'are read from remote storage.')
-  if not os.path.exists(path):
+  remote = fileio.is_url(path)
+  if remote and t5x_checkpoint.named_like_t5x(path):
+    return 't5x'
+  if not fileio.exists(path):
     raise FileNotFoundError(f'No checkpoint at {path}.')
-  if (os.path.isfile(os.path.join(path, PARAMS_FILE)) and
-      os.path.isfile(os.path.join(path, CONFIG_FILE))):
+  if (fileio.isfile(fileio.join(path, PARAMS_FILE)) and
+      fileio.isfile(fileio.join(path, CONFIG_FILE))):
     return 'compact'
   if _orbax_item_dir(path):
     return 'orbax'
   if t5x_checkpoint.looks_like_t5x(path):
     return 't5x'
+  if remote:
+    raise ValueError(
+        f'{path} is not a checkpoint this project reads from remote storage: expected '
+        f'{CONFIG_FILE} + {PARAMS_FILE} (compact), an Orbax checkpoint or a T5X '
+        'checkpoint_<step> directory (Hugging Face directories are read from local '
+        'disk only: copy it there first).')
   if hf_checkpoint.looks_like_hf(path):
     return 'hf'
   raise ValueError(
@@ -405,9 +410,9 @@ def restore_params(path: str, config: network.T5Config, shardings=None,
   """Params of `config` from a checkpoint of any format, placed by `shardings`.
 
   Args:
-    path: a compact model directory, an Orbax checkpoint, a T5X
-      `checkpoint_<step>` directory (local or gs://) or a Hugging Face T5
-      directory (`detect_format`).
+    path: a compact model directory, an Orbax checkpoint or a T5X
+      `checkpoint_<step>` directory (each local or gs://), or a local Hugging
+      Face T5 directory (`detect_format`).
     config: the network the params are for; every leaf is checked against
       `jax.eval_shape` of its init before anything is read.
     shardings: None (all on the first local device), one
@@ -470,7 +475,7 @@ def save_params_orbax(path: str, params: PyTree, force: bool = False) -> None:
   An existing `path` raises unless `force`.
   """
   checkpointer = ocp.StandardCheckpointer()
-  checkpointer.save(os.path.abspath(path), params, force=force)
+  checkpointer.save(fileio.abspath(path), params, force=force)  # gs:// as it is
   checkpointer.wait_until_finished()
   checkpointer.close()
 

@@ -46,6 +46,7 @@ import ml_dtypes  # pylint: disable=unused-import  (registers bfloat16 with nump
 import numpy as np
 import safetensors
 
+from specdec import fileio
 from specdec import network
 
 CONFIG_FILE = 'config.json'
@@ -80,7 +81,7 @@ def read_hf_config(path: str) -> dict:
 def read_json_object(file: str, kind: str = 'JSON file') -> dict:
   """A JSON object from `file`; ValueError naming the file (a `kind`) if damaged."""
   try:
-    with open(file, 'rb') as f:
+    with fileio.open(file, 'rb') as f:  # local, or gs:// (a compact model's config.json)
       value = json.loads(f.read().decode('utf-8'))
   except (UnicodeDecodeError, json.JSONDecodeError) as e:
     raise ValueError(f'{file}: damaged or incomplete {kind} ({e}).') from e

@@ -86,6 +86,7 @@ from specdec import benchmark  # pylint: disable=g-import-not-at-top,wrong-impor
 from specdec import checkpoints
 from specdec import decoding
 from specdec import evaluation
+from specdec import fileio
 from specdec import fingerprint
 from specdec import gin_utils
 from specdec import models
@@ -115,10 +116,10 @@ def load_network(checkpoint: str, config: Optional[network.T5Config] = None, dty
   """
   if not checkpoint:
     raise ValueError('No checkpoint given (set TARGET_CHECKPOINT / DRAFTER_CHECKPOINT in gin).')
-  if not checkpoint.startswith('gs://') and not os.path.exists(checkpoint):
+  if not fileio.exists(checkpoint):  # local or gs:// (tf.io.gfile)
     raise FileNotFoundError(f'Checkpoint not found: {checkpoint}')
-  if ngram.is_ngram_dir(checkpoint) or (os.path.isdir(checkpoint) and
-                                        os.path.exists(os.path.join(checkpoint, 'params.msgpack'))):
+  if ngram.is_ngram_dir(checkpoint) or (fileio.isdir(checkpoint) and
+                                        fileio.exists(fileio.join(checkpoint, 'params.msgpack'))):
     return checkpoints.load_module_and_params(checkpoint)
   if config is None:
     config = checkpoints.load_config_for(checkpoint)
@@ -153,7 +154,7 @@ def register_tasks(corpus_dir: Optional[str] = None, vocab_path: Optional[str] =
 
 
 def _is_remote(path: str) -> bool:
-  return '://' in path
+  return fileio.is_url(path)
 
 
 def _copy_tree(src: str, dst: str) -> None:
@@ -383,8 +384,8 @@ def _execute(output_dir, mode, task, split, lengths, setting, target_checkpoint,
     plans = []  # (row, its directory, drafter checkpoint, setting, model fields); all checked before loading
     for row in rows:
       # Without a checkpoint, a row's drafter is a sibling of the target (the shipped family's layout).
-      drafter_dir = row.drafter_checkpoint or os.path.join(os.path.dirname(os.path.normpath(target_checkpoint)),
-                                                           row.drafter)
+      drafter_dir = row.drafter_checkpoint or fileio.join(fileio.dirname(fileio.normpath(target_checkpoint)),
+                                                          row.drafter)
       row_setting = dataclasses.replace(setting, gamma=row.gamma, temperature=row.temperature,
                                         draft_confidence=row.draft_confidence)
       row_provenance = provenance(target_checkpoint, drafter_dir, target_config, drafter_config, dtype)
@@ -409,7 +410,7 @@ def _execute(output_dir, mode, task, split, lengths, setting, target_checkpoint,
     print(text, flush=True)
     return {'rows': summaries}
 
-  drafter_name = ((drafter_name or os.path.basename(os.path.normpath(drafter_checkpoint)))
+  drafter_name = ((drafter_name or fileio.basename(fileio.normpath(drafter_checkpoint)))
                   if drafter_checkpoint else 'none')
   models_fields = provenance(target_checkpoint, drafter_checkpoint, target_config, drafter_config, dtype)
   if mode == 'benchmark':

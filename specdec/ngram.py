@@ -16,7 +16,6 @@ the dense [V, V] table is built on load.
 import dataclasses
 import json
 import io
-import os
 from typing import Iterable, Optional, Tuple
 
 import flax.linen as nn
@@ -24,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec import checkpoints
+from specdec import fileio
 
 CONFIG_FILE = 'config.json'
 COUNTS_FILE = 'counts.npz'
@@ -148,13 +148,13 @@ def save(directory: str, config: NgramConfig, unigram: np.ndarray,
   if clash:
     raise ValueError(f'extra metadata may not replace {sorted(clash)}.')
   meta.update(extra or {})
-  checkpoints.atomic_write(os.path.join(directory, COUNTS_FILE), data)
-  checkpoints.atomic_write(os.path.join(directory, CONFIG_FILE),
+  checkpoints.atomic_write(fileio.join(directory, COUNTS_FILE), data)
+  checkpoints.atomic_write(fileio.join(directory, CONFIG_FILE),
                            json.dumps(meta, indent=2, sort_keys=True).encode())
 
 
 def is_ngram_dir(directory: str) -> bool:
-  return os.path.exists(os.path.join(directory, COUNTS_FILE))
+  return fileio.exists(fileio.join(directory, COUNTS_FILE))
 
 
 def _read_counts(path: str, data: bytes, vocab_size: int
@@ -176,9 +176,9 @@ def _read_counts(path: str, data: bytes, vocab_size: int
 def load(directory: str) -> Tuple[NgramLM, dict]:
   """(module, params) for a saved n-gram drafter (counts.npz hash-checked)."""
   for name in (CONFIG_FILE, COUNTS_FILE):
-    if not os.path.exists(os.path.join(directory, name)):
+    if not fileio.exists(fileio.join(directory, name)):
       raise FileNotFoundError(f'No {name} in {directory}.')
-  config_path = os.path.join(directory, CONFIG_FILE)
+  config_path = fileio.join(directory, CONFIG_FILE)
   meta = checkpoints.read_json_meta(config_path)
   try:
     config = NgramConfig(**meta['ngram_config'])
@@ -186,7 +186,7 @@ def load(directory: str) -> Tuple[NgramLM, dict]:
     raise ValueError(f"{config_path}: no valid 'ngram_config' ({type(e).__name__}: "
                      f'{e}): not an n-gram drafter config, or a damaged one.') from e
   data = checkpoints.read_verified(directory, COUNTS_FILE, meta)
-  unigram, bigram = _read_counts(os.path.join(directory, COUNTS_FILE), data,
+  unigram, bigram = _read_counts(fileio.join(directory, COUNTS_FILE), data,
                                  config.vocab_size)
   table = log_prob_table(config, unigram, bigram)
   return NgramLM(config), {'log_probs': jnp.asarray(table)}

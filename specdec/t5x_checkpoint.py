@@ -32,6 +32,8 @@ import jax
 import numpy as np
 import tensorstore as ts
 
+from specdec import fileio
+
 PyTree = Any
 
 CHECKPOINT_FILE = 'checkpoint'
@@ -49,7 +51,16 @@ _STEP_DIR = re.compile(r'checkpoint_(\d+)$')
 
 
 def is_remote(path: str) -> bool:
-  return '://' in path
+  return fileio.is_url(path)
+
+
+def named_like_t5x(path: str) -> bool:
+  """True if `path` is named `.../checkpoint_<step>` or `.../checkpoint` (no I/O).
+
+  How a gs:// T5X checkpoint is recognised without a round trip to the bucket.
+  """
+  name = posixpath.basename(path.rstrip('/'))
+  return bool(_STEP_DIR.match(name)) or name == CHECKPOINT_FILE
 
 
 def kvstore_spec(path: str) -> dict:
@@ -104,17 +115,18 @@ def array_spec(checkpoint_dir: str, stored_spec: Mapping[str, Any]) -> dict:
 def checkpoint_dir_of(path: str) -> str:
   """The `checkpoint_<step>` directory for `path`.
 
-  `path` is that directory, its `checkpoint` file, or (local only) a model
-  directory holding `checkpoint_<step>/` subdirectories: the latest step.
+  `path` is that directory, its `checkpoint` file, or a model directory
+  holding `checkpoint_<step>/` subdirectories: the latest step. A URL named
+  like the first two is taken as it is (no round trip to the bucket).
   """
-  if is_remote(path):
+  if is_remote(path) and named_like_t5x(path):
     path = path.rstrip('/')
     if posixpath.basename(path) == CHECKPOINT_FILE:
       return posixpath.dirname(path)
     return path
-  if os.path.isfile(path):
-    return os.path.dirname(os.path.abspath(path))
-  if os.path.isfile(os.path.join(path, CHECKPOINT_FILE)):
+  if fileio.isfile(path):
+    return fileio.dirname(fileio.abspath(path))
+  if fileio.isfile(fileio.join(path, CHECKPOINT_FILE)):
     return path
   steps = latest_step_dirs(path)
   if steps:
@@ -126,31 +138,30 @@ def checkpoint_dir_of(path: str) -> str:
 
 def latest_step_dirs(model_dir: str) -> list:
   """checkpoint_<step>/ subdirectories holding a checkpoint file, by step."""
-  if not os.path.isdir(model_dir):
+  if not fileio.isdir(model_dir):
     return []
   found = []
-  for name in os.listdir(model_dir):
+  for name in fileio.listdir(model_dir):
     match = _STEP_DIR.match(name)
-    path = os.path.join(model_dir, name)
-    if match and os.path.isfile(os.path.join(path, CHECKPOINT_FILE)):
+    path = fileio.join(model_dir, name)
+    if match and fileio.isfile(fileio.join(path, CHECKPOINT_FILE)):
       found.append((int(match.group(1)), path))
   return [path for _, path in sorted(found)]
 
 
 def looks_like_t5x(path: str) -> bool:
-  """True if `path` is (or holds) a T5X checkpoint; gs:// by its name only."""
-  if is_remote(path):
-    name = posixpath.basename(path.rstrip('/'))
-    return bool(_STEP_DIR.match(name)) or name == CHECKPOINT_FILE
-  if os.path.isfile(path):
-    return os.path.basename(path) == CHECKPOINT_FILE and _is_t5x_msgpack(path)
-  return (os.path.isfile(os.path.join(path, CHECKPOINT_FILE)) or
+  """True if `path` is (or holds) a T5X checkpoint; a URL named like one by its name only."""
+  if is_remote(path) and named_like_t5x(path):
+    return True
+  if fileio.isfile(path):
+    return fileio.basename(path) == CHECKPOINT_FILE and _is_t5x_msgpack(path)
+  return (fileio.isfile(fileio.join(path, CHECKPOINT_FILE)) or
           bool(latest_step_dirs(path)))
 
 
 def _is_t5x_msgpack(path: str) -> bool:
   # TF checkpoints also use a file named 'checkpoint' (a text file).
-  with open(path, 'rb') as f:
+  with fileio.open(path, 'rb') as f:
     return not f.read(len(b'model_checkpoint_path')).startswith(
         b'model_checkpoint_path')
 

@@ -30,6 +30,9 @@ With `teacher_dir` set, the student is distilled from the teacher's
 distribution: loss = (1 - w) CE + w D(teacher, student), D one of
 specdec/distill.py's divergences (`divergence`: fkl, rkl, tvd, greedy_ce).
 At the end the params are exported in the compact format (checkpoints.py).
+MODEL_DIR, `export_dir`, `init_from_dir` and `teacher_dir` may be gs:// paths
+(Cloud TPU): logs, run records and exports go through specdec/fileio.py
+(tf.io.gfile), checkpoints through Orbax, which writes there itself.
 """
 
 import functools
@@ -56,6 +59,7 @@ from specdec import checkpoints
 from specdec import decoding
 from specdec import distill
 from specdec import evaluation
+from specdec import fileio
 from specdec import gin_utils
 from specdec import models
 from specdec import network
@@ -298,15 +302,15 @@ def _put_replicated(x, sharding):
 
 
 def _append_log(path, record):
-  with open(path, 'a') as f:
-    f.write(json.dumps(record) + '\n')
+  """Appends one JSON line (on gs://, by rewriting the object: fileio.append_text)."""
+  fileio.append_text(path, json.dumps(record) + '\n')
 
 
 def _read_jsonl(path) -> list:
-  if not os.path.exists(path):
+  if not fileio.exists(path):
     return []
-  with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
+  with fileio.open(path) as f:
+    return [json.loads(line) for line in f.read().split('\n') if line.strip()]
 
 
 def _write_jsonl(path, records) -> None:
@@ -399,9 +403,10 @@ def restore_latest_good(manager, abstract, damaged_dir):
     for bad_step, _ in failures:
       if jax.process_index():
         continue  # one host moves them (the directory is shared)
-      os.makedirs(damaged_dir, exist_ok=True)
-      dest = os.path.join(damaged_dir, f'{bad_step}-{int(time.time())}')
-      os.replace(os.path.join(str(manager.directory), str(bad_step)), dest)
+      fileio.makedirs(damaged_dir)
+      dest = fileio.join(damaged_dir, f'{bad_step}-{int(time.time())}')
+      # A rename on disk; on gs:// a copy, then a delete (fileio.replace).
+      fileio.replace(fileio.join(str(manager.directory), str(bad_step)), dest)
       print(f'Moved damaged checkpoint step {bad_step} to {dest}; falling back to '
             f'step {step}.', flush=True)
     return step, state
@@ -480,9 +485,9 @@ def train(model_dir: str,
   shardings = partitioning.named_shardings(mesh, specs)
   if init_from_t5x:
     init_from_t5x = checkpoints.check_t5x_checkpoint(init_from_t5x, config)
-  os.makedirs(model_dir, exist_ok=True)
+  fileio.makedirs(model_dir)  # local or gs:// (then Orbax writes there too)
   chief = jax.process_index() == 0  # writes the logs, run records and export
-  log_path = os.path.join(model_dir, 'train_log.jsonl')
+  log_path = fileio.join(model_dir, 'train_log.jsonl')
   distill.get_divergence(divergence)  # a bad name fails before any work
   teacher = None
   if teacher_dir:
@@ -515,13 +520,13 @@ def train(model_dir: str,
                        f'config: {init_config} vs {config}.')
     return partitioning.put_tree(params, shardings['params'])
 
-  checkpoint_dir = os.path.join(model_dir, 'checkpoints')
+  checkpoint_dir = fileio.join(model_dir, 'checkpoints')
   manager = checkpoints.training_checkpoint_manager(checkpoint_dir)
   # Restored straight into this mesh's shardings, whatever mesh wrote it.
   abstract = abstract_state(shapes, shardings)
   listed = manager.latest_step()
   latest, state = restore_latest_good(manager, abstract,
-                                      os.path.join(model_dir, 'damaged_checkpoints'))
+                                      fileio.join(model_dir, 'damaged_checkpoints'))
   if latest != listed:  # damaged steps were moved away: let Orbax re-read the directory
     manager.close()
     manager = checkpoints.training_checkpoint_manager(checkpoint_dir)
@@ -598,7 +603,7 @@ def train(model_dir: str,
   record, tokens = None, 0
   step = start_step
   run_started = time.time()
-  runs_path = os.path.join(model_dir, 'runs.jsonl')
+  runs_path = fileio.join(model_dir, 'runs.jsonl')
   run_record = {
       'run_id': f'{run_started:.6f}-{os.getpid()}',
       'started': time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(run_started)),
