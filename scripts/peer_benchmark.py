@@ -7,7 +7,12 @@ Exports the target and the drafter (compact directories, e.g. models/cpu/<name>)
 process, on the first examples of a local test split, times HF `generate` (greedy / sampling), HF assisted
 generation (constant γ drafts, transformers 5's default schedule, optionally transformers 4's heuristic one) and
 our baseline and speculative decoding (fixed γ and adaptive drafting), interleaved example by example. Writes
-`<out>/<run>.{md,json,png}` (`specdec.peers.run`). Measure on a quiet machine.
+`<out>/<run>.{md,json,png}` (`specdec.peers.run`): e.g. `--run peers` writes results/peers/peers.{md,json,png}
+(the default name is <task>_<drafter>_g<γ>). Measure on a quiet machine.
+
+The report also shows where each framework's time goes: its model calls timed by themselves (encoders, 1-token
+and γ+1-token cached decoder calls of target and drafter, on the first examples) and, per system, the measured ms
+per token beside what its counted calls cost at those prices; --no_call_costs leaves this out.
 """
 
 import argparse
@@ -52,7 +57,11 @@ def parse_args(argv=None):
                       help="PyTorch's threads (default: os.cpu_count(), as XLA's CPU client)")
   parser.add_argument('--corpus_dir', default=None,
                       help='local corpus (default: data/corpus, else the embedded test slices)')
-  parser.add_argument('--run', default=None, help='report name (default: <task>_<drafter>_g<γ>)')
+  parser.add_argument('--no_call_costs', action='store_true',
+                      help="skip timing each framework's model calls by themselves (the report's "
+                           "'Where the time goes' section)")
+  parser.add_argument('--run', default=None,
+                      help='report name (default: <task>_<drafter>_g<γ>; --run peers writes <out>/peers.md)')
   parser.add_argument('--out', default='results/peers')
   return parser.parse_args(argv)
 
@@ -76,11 +85,16 @@ def main(argv=None) -> int:
       lengths, args.examples, args.gamma, temperatures=args.temperatures, output_dir=args.out,
       run_name=run_name, hf_settings=args.hf_settings, draft_confidence=args.draft_confidence,
       repeats=args.repeats, seed=args.seed, ours_batch_size=args.ours_batch_size,
-      torch_threads=args.torch_threads)
+      torch_threads=args.torch_threads, call_costs=not args.no_call_costs)
   for r in summary['rows']:
     print(f"t={r['temperature']:g} {r['framework']:>4} {r['system']:<22} {r['tokens_per_s']:8.0f} tokens/s  "
           f"speedup {peers.fmt(r['speedup_vs_own_baseline'])}x  "
           f"target calls/example {r['target_calls_per_example']:.1f}")
+  costs = summary.get('call_costs')
+  if costs:
+    hf_over_ours = costs['ratios']['hf_over_ours']
+    print(f"call costs, HF / ours: target step {peers.fmt(hf_over_ours['target_step'])}x, verify "
+          f"{peers.fmt(hf_over_ours['target_verify'])}x, drafter step {peers.fmt(hf_over_ours['drafter_step'])}x")
   if summary['identity']:
     print(f"greedy HF vs ours identical: {100 * summary['identity']['hf_vs_ours_baseline']:.1f}%")
   print(f"Wrote {os.path.join(args.out, run_name)}.{{md,json,png}}")

@@ -24,12 +24,21 @@ assisted round gets its drafts + 1 tokens, so drafted = Σ (tokens per call - 1)
 counts that EOS as the round's own token, as HF's n_matches does). Ours come from `return_stats`, with
 accepted counted the same way (`accepted_in_loop` keeps the loop's own count, which includes a kept EOS).
 
+Where the time goes (`call_costs`, on by default). Each framework's model calls are also timed by themselves
+on the first examples (`measure_call_costs`): HF's torch models called directly (encoder; 1-token and γ+1-token
+decoder calls with a prefilled cache, cropped back after each timed call), ours jitted (`profiling`'s timers: the
+decoder calls inside one compiled scan, as in our decode loops). The report gives ms per call, HF / ours per call
+kind, verify / step and c = drafter step / target step in each framework, and per row the measured ms per token
+beside what its counted calls would cost at those prices (`model_time_per_token`): the rest is the loop and the
+framework around the calls.
+
 Without torch / transformers installed, `require_peers` raises an ImportError naming the extra to install.
 """
 
 import contextlib
 import dataclasses
 import datetime
+import inspect
 import json
 import os
 import tempfile
@@ -46,6 +55,7 @@ from specdec import evaluation
 from specdec import hf_export
 from specdec import models
 from specdec import network
+from specdec import profiling
 
 INSTALL_HINT = "pip install -e '.[peers]'"
 HF, OURS = 'hf', 'ours'
@@ -303,8 +313,9 @@ def run(target_dir: str, drafter_dir: str, task_name: str, split: str, lengths: 
         output_dir: str = 'results/peers', run_name: Optional[str] = None,
         hf_settings: Sequence[str] = ('constant', 'hf_default'), draft_confidence: float = 0.5,
         repeats: int = 1, seed: int = 0, length_buckets: bool = True, ours_batch_size: int = 0,
-        torch_threads: Optional[int] = None, write_plot: bool = True,
-        log: Callable[[str], None] = print) -> Dict[str, Any]:
+        torch_threads: Optional[int] = None, write_plot: bool = True, call_costs: bool = True,
+        call_cost_examples: int = 4, call_cost_position: int = 10, call_cost_repeats: int = 5,
+        call_cost_num_calls: int = 32, log: Callable[[str], None] = print) -> Dict[str, Any]:
   """Times HF generate / assisted generation against our baseline / speculative decoding; writes the report.
 
   Args:
@@ -322,6 +333,11 @@ def run(target_dir: str, drafter_dir: str, task_name: str, split: str, lengths: 
       generation is batch 1 only: compare with its batch-1 rows, i.e. HF at batch 1 × B).
     torch_threads: PyTorch's intra-op threads (default os.cpu_count(): as many as XLA's CPU client uses);
       restored when the run ends.
+    call_costs: also time each framework's model calls by themselves (`measure_call_costs`) on the first
+      `call_cost_examples` examples: encoders, 1-token and γ+1-token cached decoder calls with the decoder at
+      `call_cost_position` (HF's cache holds that many positions), median of `call_cost_repeats` runs (ours:
+      of `call_cost_num_calls` calls in one compiled scan each), warm-up and compilation excluded; the report
+      then shows where each framework's time per token goes (`model_time_per_token`).
 
   Returns:
     The summary (also in <run_name>.json).
@@ -332,6 +348,10 @@ def run(target_dir: str, drafter_dir: str, task_name: str, split: str, lengths: 
     raise ValueError(f'gamma must be an int >= 1, got {gamma!r}.')
   if repeats < 1:
     raise ValueError(f'repeats must be >= 1, got {repeats}.')
+  if call_costs and min(call_cost_examples, call_cost_repeats, call_cost_num_calls, call_cost_position) < 1:
+    raise ValueError('call_cost_examples, call_cost_repeats, call_cost_num_calls and call_cost_position must be '
+                     f'>= 1, got {call_cost_examples}, {call_cost_repeats}, {call_cost_num_calls}, '
+                     f'{call_cost_position}.')
   bad = [t for t in temperatures if t not in (0.0, 1.0)]
   if bad or not temperatures:
     raise ValueError(f'temperatures must be 0 and/or 1 (greedy, plain sampling), got {list(temperatures)}.')
@@ -393,10 +413,22 @@ def run(target_dir: str, drafter_dir: str, task_name: str, split: str, lengths: 
                   if ours_batch_size > 1 else [])
     for counter in counters:
       counter.remove()
+    costs = None
+    if call_costs:
+      position = max(1, min(call_cost_position, lengths['targets'] - gamma - 1))
+      first = records[f'{temperatures[0]:g}/{HF}:{BASELINE}']  # realistic decoder inputs: HF's own decode
+      decoder_inputs = [hf_decoder_inputs(r['decode'], position + gamma + 1) for r in first]
+      costs = measure_call_costs(torch, hf_target, hf_drafter, target_module, target_params, drafter_module,
+                                 drafter_params, examples, batches, decoder_inputs,
+                                 range(min(call_cost_examples, len(examples))), position, gamma,
+                                 call_cost_repeats, call_cost_num_calls)
+      log(f"  call costs: {len(costs['examples'])} examples, {time.perf_counter() - start:.0f} s so far")
 
   rows = [summarize_system(records[f'{t:g}/{s.key}'], s, t)
           for t, systems in systems_by_temperature.items() for s in systems]
   add_speedups(rows)
+  if costs is not None:
+    costs['per_token'] = [model_time_per_token(r, costs['ms'][r['framework']]) for r in rows]
   identity = {}
   if 0.0 in temperatures:
     identity = greedy_identity(records, target_module, target_params, examples, lengths)
@@ -405,7 +437,7 @@ def run(target_dir: str, drafter_dir: str, task_name: str, split: str, lengths: 
       'task': task_name, 'split': split, 'lengths': dict(lengths), 'examples': len(examples),
       'target': target_dir, 'drafter': drafter_dir, 'gamma': gamma, 'draft_confidence': draft_confidence,
       'repeats': repeats, 'seed': seed, 'rows': rows, 'ratios': ratios(rows), 'identity': identity,
-      'batched': batch_rows, 'ours_batch_size': ours_batch_size,
+      'batched': batch_rows, 'ours_batch_size': ours_batch_size, 'call_costs': costs,
       'threads': {'torch_num_threads': torch_threads or xla_threads, 'xla_cpu_threads': xla_threads},
       'versions': {'torch': torch.__version__, 'transformers': transformers.__version__,
                    'scikit_learn_available': _sklearn_available()},
@@ -443,6 +475,225 @@ def time_ours_batched(decoders, params, examples, lengths, gamma, temperatures, 
                    'batch_size': batch_size, 'seconds': seconds, 'tokens': tokens,
                    'tokens_per_s': tokens / seconds})
   return rows
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Per-call costs: where each framework's time goes.
+# ----------------------------------------------------------------------------------------------------------
+
+CALL_KINDS = ('target_encoder', 'target_step', 'target_verify', 'drafter_encoder', 'drafter_step')
+
+
+def call_labels(gamma: int) -> Dict[str, str]:
+  return {'target_encoder': 'target encoder', 'target_step': 'target decoder, 1 token (cached)',
+          'target_verify': f'target decoder, verify: γ+1 = {gamma + 1} tokens (cached)',
+          'drafter_encoder': 'drafter encoder', 'drafter_step': 'drafter decoder, 1 token (cached)'}
+
+
+def _hf_cache_keyword(model) -> str:
+  """The decoder cache's keyword in this transformers version's forward: `cache` (5.x, where `past_key_values`
+  is a deprecated alias) or `past_key_values` (4.x)."""
+  return 'cache' if 'cache' in inspect.signature(model.forward).parameters else 'past_key_values'
+
+
+def _hf_output_cache(output):
+  cache = getattr(output, 'cache', None)
+  return cache if cache is not None else output.past_key_values
+
+
+def hf_crop(cache, length: int) -> None:
+  """Cuts an HF decoder cache back to its first `length` self-attention positions (cross-attention kept).
+
+  transformers 5.x's `Cache.crop(n)` takes the number of tokens to remove, as a negative n (a positive n, the
+  absolute length 4.x took, raises ValueError); 4.x also read a negative n that way, so -extra works in both.
+  """
+  extra = cache.get_seq_length() - length
+  if extra > 0:
+    cache.crop(-extra)
+
+
+def _median_ms(fn: Callable[[], Any], repeats: int, reset: Optional[Callable[[], None]] = None) -> float:
+  """Median wall ms of `fn()` over `repeats` runs after one untimed run; `reset()` after each run, untimed."""
+  times = []
+  for r in range(repeats + 1):
+    start = time.perf_counter()
+    fn()
+    if r:
+      times.append(time.perf_counter() - start)
+    if reset is not None:
+      reset()
+  return 1000 * float(np.median(times))
+
+
+def hf_call_costs(torch, target, drafter, input_ids_l, decoder_inputs_l, position: int, gamma: int,
+                  repeats: int) -> Dict[str, float]:
+  """ms per call of HF's models at batch 1 (`CALL_KINDS`), each called by itself under torch.inference_mode().
+
+  The encoder: `get_encoder()(input_ids, attention_mask)`. The decoder calls: the model's forward with the
+  encoder's outputs and a cache prefilled (untimed) with `decoder_inputs_l[:position]` (decoder start and the
+  first decoded tokens); each timed call adds 1 (or γ+1) tokens at `position` and the cache is cropped back to
+  `position` after it (untimed), so every timed call starts from the same state. Median of `repeats` runs after
+  one untimed warm-up run.
+  """
+  input_ids = torch.tensor(np.asarray(input_ids_l, np.int64)[None])
+  mask = torch.ones_like(input_ids)
+  decoder_inputs = torch.tensor(np.asarray(decoder_inputs_l, np.int64)[None])
+  if decoder_inputs.shape[1] < position + gamma + 1:
+    raise ValueError(f'{decoder_inputs.shape[1]} decoder inputs, need position + γ + 1 = {position + gamma + 1}.')
+  out = {}
+  with torch.inference_mode():
+    for name, model in (('target', target), ('drafter', drafter)):
+      encoder = model.get_encoder()
+      out[f'{name}_encoder'] = _median_ms(lambda e=encoder: e(input_ids=input_ids, attention_mask=mask), repeats)
+      encoded = encoder(input_ids=input_ids, attention_mask=mask)
+      prefill = model(encoder_outputs=encoded, attention_mask=mask, decoder_input_ids=decoder_inputs[:, :position],
+                      use_cache=True)
+      cache = _hf_output_cache(prefill)
+      cache_kw = {_hf_cache_keyword(model): cache}
+      for kind, k in (('step', 1),) + ((('verify', gamma + 1),) if name == 'target' else ()):
+        ids = decoder_inputs[:, position:position + k]
+        out[f'{name}_{kind}'] = _median_ms(
+            lambda m=model, ids=ids: m(encoder_outputs=encoded, attention_mask=mask, decoder_input_ids=ids,
+                                       use_cache=True, **cache_kw),
+            repeats, reset=lambda c=cache: hf_crop(c, position))
+  return out
+
+
+def ours_call_costs(target_module, target_params, drafter_module, drafter_params, batch: Mapping[str, Any],
+                    gamma: int, repeats: int, num_calls: int) -> Dict[str, float]:
+  """ms per call of our networks at batch 1 (`CALL_KINDS`), jitted, for one batch as our decoders get it.
+
+  The encoder: `module.encode` jitted (`profiling.median_seconds`: median of `repeats` runs after an untimed
+  compile run). The decoder calls: `profiling.time_decode_calls`, `num_calls` cached decode_step calls of 1 (or
+  γ+1) tokens inside one jitted lax.scan (as inside our decode loops, so no per-call dispatch), at advancing
+  positions of the encoded input; our cache has the decode length whatever the position, so a call's cost does
+  not depend on it.
+  """
+  enc = np.asarray(batch['encoder_input_tokens'])
+  length = int(batch['decoder_input_tokens'].shape[1])
+  out = {}
+  for name, module, params in (('target', target_module, target_params),
+                               ('drafter', drafter_module, drafter_params)):
+    encode = jax.jit(lambda p, e, m=module: m.apply({'params': p}, e, enable_dropout=False, method=m.encode))
+    out[f'{name}_encoder'] = 1000 * profiling.median_seconds(encode, params, enc, repeats=repeats)
+    for kind, k in (('step', 1),) + ((('verify', gamma + 1),) if name == 'target' else ()):
+      out[f'{name}_{kind}'] = 1000 * profiling.time_decode_calls(module, params, enc, length, k,
+                                                                 num_calls=num_calls, repeats=repeats)
+  return out
+
+
+def _div(a: Optional[float], b: Optional[float]) -> Optional[float]:
+  return a / b if a is not None and b else None
+
+
+def call_cost_ratios(ms: Mapping[str, Mapping[str, float]]) -> Dict[str, Dict[str, Optional[float]]]:
+  """From {framework: {call kind: ms}}: HF ms / ours ms per call kind; verify / 1-token target step and
+  c = drafter step / target step in each framework."""
+  return {'hf_over_ours': {k: _div(ms[HF][k], ms[OURS][k]) for k in CALL_KINDS},
+          'verify_over_step': {f: _div(ms[f]['target_verify'], ms[f]['target_step']) for f in (HF, OURS)},
+          'c': {f: _div(ms[f]['drafter_step'], ms[f]['target_step']) for f in (HF, OURS)}}
+
+
+def model_time_per_token(row: Mapping[str, Any], ms: Mapping[str, float]) -> Dict[str, Any]:
+  """A summary row's measured ms per token beside what its model calls would cost at `ms` (its framework's
+  per-call ms), per generated token; the rest is the loop and the framework around the calls.
+
+  Calls: one target encoder call per example, and for a speculative row a drafter encoder call too; target
+  calls (`target_calls`) at the 1-token step cost (baselines) or the γ+1-token verify cost (speculative rows;
+  their mean width is `target_call_tokens`); drafter calls at the drafter step cost, HF's as counted
+  (`drafter_calls_per_example`), ours one per draft (`drafted`).
+  """
+  speculative = row['system'] != BASELINE
+  n, tokens = row['examples'], row['tokens']
+  if speculative:
+    drafter_calls = row.get('drafter_calls_per_example', row.get('drafted', 0) / n) * n
+  else:
+    drafter_calls = 0
+  encoders = n * (ms['target_encoder'] + (ms['drafter_encoder'] if speculative else 0.0))
+  target = row['target_calls'] * ms['target_verify' if speculative else 'target_step']
+  drafter = drafter_calls * ms['drafter_step']
+  measured = _div(1000 * row['seconds'], tokens)
+  model = _div(encoders + target + drafter, tokens)
+  overhead = measured - model if measured is not None and model is not None else None
+  return {'temperature': row['temperature'], 'framework': row['framework'], 'system': row['system'],
+          'measured_ms_per_token': measured, 'encoders_ms_per_token': _div(encoders, tokens),
+          'target_ms_per_token': _div(target, tokens), 'drafter_ms_per_token': _div(drafter, tokens),
+          'model_ms_per_token': model, 'overhead_ms_per_token': overhead,
+          'overhead_share': _div(overhead, measured),
+          'target_call_tokens': (1.0 + row.get('drafted_per_target_call', 0.0)) if speculative else 1.0,
+          'drafter_calls_per_example': drafter_calls / n}
+
+
+def constant_pair_breakdown(per_token: Sequence[Mapping[str, Any]],
+                            pairs: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
+  """For each ours 'speculative' vs HF 'assisted:constant' pair of `ratios`: the tokens/s ratio beside the
+  ratio of their model-call ms per token and each one's ms per token outside the calls."""
+  by = {(r['framework'], r['system'], r['temperature']): r for r in per_token}
+  out = []
+  for p in pairs:
+    if p['ours'] != SPECULATIVE or p['hf'] != 'assisted:constant':
+      continue
+    ours, hf = by.get((OURS, SPECULATIVE, p['temperature'])), by.get((HF, 'assisted:constant', p['temperature']))
+    if ours and hf:
+      out.append({'temperature': p['temperature'], 'ratio': p['ratio'],
+                  'model_ratio': _div(hf['model_ms_per_token'], ours['model_ms_per_token']),
+                  'hf': hf, 'ours': ours})
+  return out
+
+
+def call_cost_sentences(call_costs: Mapping[str, Any], pairs: Sequence[Mapping[str, Any]],
+                        gamma: int) -> List[str]:
+  """The section's prose, from the numbers: per-call HF / ours, c and verify / step in each framework, and for
+  the fixed-γ pair at the first temperature, how much of each side's time per token is its model calls."""
+  ms, r = call_costs['ms'], call_costs['ratios']
+  x = lambda v: fmt(v, '.1f')
+  lines = [
+      f"HF's 1-token target step costs {x(r['hf_over_ours']['target_step'])}× ours ({ms[HF]['target_step']:.2f} "
+      f"vs {ms[OURS]['target_step']:.2f} ms), its {gamma + 1}-token verify call "
+      f"{x(r['hf_over_ours']['target_verify'])}× and its drafter step {x(r['hf_over_ours']['drafter_step'])}× "
+      f"ours; c (drafter step / target step) is {fmt(r['c'][HF])} in HF and {fmt(r['c'][OURS])} in ours, and a "
+      f"verify call costs {fmt(r['verify_over_step'][HF])}× a 1-token step in HF and "
+      f"{fmt(r['verify_over_step'][OURS])}× in ours."]
+  breakdown = constant_pair_breakdown(call_costs.get('per_token', []), pairs)
+  if breakdown:
+    b = breakdown[0]
+    hf, ours = b['hf'], b['ours']
+    pct = lambda v: fmt(None if v is None else 100 * v, '.0f')
+    lines.append(
+        f"At t = {b['temperature']:g}, ours speculative makes {fmt(b['ratio'])}× HF assisted:constant's tokens/s; "
+        f"their model calls alone take {fmt(hf['model_ms_per_token'])} vs {fmt(ours['model_ms_per_token'])} ms "
+        f"per token ({fmt(b['model_ratio'])}×), and the time outside the calls is "
+        f"{fmt(hf['overhead_ms_per_token'])} ms per token for HF ({pct(hf['overhead_share'])}% of its time) vs "
+        f"{fmt(ours['overhead_ms_per_token'])} ms for ours ({pct(ours['overhead_share'])}%).")
+  return lines
+
+
+def measure_call_costs(torch, hf_target, hf_drafter, target_module, target_params, drafter_module,
+                       drafter_params, examples, batches, decoder_inputs, indices: Sequence[int], position: int,
+                       gamma: int, repeats: int, num_calls: int) -> Dict[str, Any]:
+  """`hf_call_costs` and `ours_call_costs` for the examples at `indices` (HF given the example's inputs and
+  `decoder_inputs[i]`, ours `batches[i]`); medians over the examples, the ratios, and the per-example ms."""
+  per_example = {f: {k: [] for k in CALL_KINDS} for f in (HF, OURS)}
+  for i in indices:
+    costs = {HF: hf_call_costs(torch, hf_target, hf_drafter, examples[i]['inputs'], decoder_inputs[i], position,
+                               gamma, repeats),
+             OURS: ours_call_costs(target_module, target_params, drafter_module, drafter_params, batches[i],
+                                   gamma, repeats, num_calls)}
+    for framework, kinds in costs.items():
+      for k, v in kinds.items():
+        per_example[framework][k].append(float(v))
+  ms = {f: {k: float(np.median(v)) for k, v in kinds.items()} for f, kinds in per_example.items()}
+  return {'examples': [int(i) for i in indices], 'position': position, 'repeats': repeats,
+          'ours_calls_per_repeat': num_calls, 'ms': ms, 'ratios': call_cost_ratios(ms),
+          'per_example_ms': per_example}
+
+
+def hf_decoder_inputs(decode_l: Sequence[int], length: int) -> np.ndarray:
+  """[decoder start (0), decoded tokens...] zero-padded (or cut) to `length`: the decoder inputs of a decode."""
+  row = np.zeros(length, np.int64)
+  tokens = np.asarray(decode_l, np.int64)[:length - 1]
+  row[1:1 + len(tokens)] = tokens
+  return row
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -605,6 +856,8 @@ def markdown(summary: Mapping[str, Any]) -> str:
             '|---|---|---|---|---|---|']
   lines += [f"| {p['temperature']:g} | {p['ours']} | {p['hf']} | {p['ours_tokens_per_s']:.0f} | "
             f"{p['hf_tokens_per_s']:.0f} | **{fmt(p['ratio'])}×** |" for p in s['ratios']]
+  if s.get('call_costs'):
+    lines += ['', CALL_COSTS_HEADING, ''] + call_costs_markdown(s['call_costs'], s['ratios'], s['gamma'])
   if s['batched']:
     hf_base = {r['temperature']: r for r in s['rows'] if r['framework'] == HF and r['system'] == BASELINE}
     lines += ['', f"## Ours at batch {s['ours_batch_size']} vs HF at batch 1 × {s['ours_batch_size']} "
@@ -633,6 +886,51 @@ def markdown(summary: Mapping[str, Any]) -> str:
             f"HF's assistant confidence cut-off is re-fitted during generation only with scikit-learn installed "
             f"(here: {'yes' if s['versions']['scikit_learn_available'] else 'no, so it stays fixed'})."]
   return '\n'.join(lines) + '\n'
+
+
+CALL_COSTS_HEADING = '## Where the time goes (per-call costs, batch 1)'
+
+
+def call_costs_markdown(call_costs: Mapping[str, Any], pairs: Sequence[Mapping[str, Any]],
+                        gamma: int) -> List[str]:
+  """The per-call table, the prose computed from it, and each row's ms per token split into model calls and
+  the rest."""
+  c = call_costs
+  ms, r = c['ms'], c['ratios']
+  labels = call_labels(gamma)
+  lines = [f"Each model call timed by itself on examples {c['examples']} (median over them of each one's "
+           f"median of {c['repeats']} runs, warm-up and compilation excluded), the same float32 weights. HF: the "
+           f"torch model called directly under `torch.inference_mode()`, the decoder's cache holding "
+           f"{c['position']} positions (cropped back after each timed call). Ours: the jitted calls as our decode "
+           f"loops run them, {c['ours_calls_per_repeat']} per run inside one compiled `lax.scan` "
+           f"(`profiling.time_decode_calls`; our cache has the decode length, so the position does not matter).",
+           '', '| call | HF ms | ours ms | HF / ours |', '|---|---|---|---|']
+  lines += [f"| {labels[k]} | {ms[HF][k]:.3f} | {ms[OURS][k]:.3f} | {fmt(r['hf_over_ours'][k])}× |"
+            for k in CALL_KINDS]
+  lines += [f"| verify / 1-token target step | {fmt(r['verify_over_step'][HF])} | "
+            f"{fmt(r['verify_over_step'][OURS])} | |",
+            f"| c = drafter step / target step | {fmt(r['c'][HF])} | {fmt(r['c'][OURS])} | |"]
+  lines += [''] + call_cost_sentences(c, pairs, gamma)
+  lines += ['', 'Per generated token: the measured time (main table) beside what the counted calls cost at the '
+            'prices above (encoders once per example; target calls as 1-token steps in baselines, as '
+            f'{gamma + 1}-token verify calls in speculative rows, whatever their width; drafter calls: HF as '
+            'counted, ours one per draft); the rest is the decode loop and the framework around the calls.', '',
+            '| t | framework | system | ms/token measured | encoders | target calls | drafter calls | model calls '
+            'in all | rest (loop, framework) | rest share | target call width (mean tokens) | '
+            'drafter calls/example |', '|---|---|---|---|---|---|---|---|---|---|---|---|']
+  for t in c.get('per_token', []):
+    share = None if t['overhead_share'] is None else 100 * t['overhead_share']
+    lines.append(
+        f"| {t['temperature']:g} | {t['framework']} | {t['system']} | {fmt(t['measured_ms_per_token'], '.3f')} | "
+        f"{fmt(t['encoders_ms_per_token'], '.3f')} | {fmt(t['target_ms_per_token'], '.3f')} | "
+        f"{fmt(t['drafter_ms_per_token'], '.3f')} | {fmt(t['model_ms_per_token'], '.3f')} | "
+        f"{fmt(t['overhead_ms_per_token'], '.3f')} | {fmt(share, '.0f')}% | {t['target_call_tokens']:.2f} | "
+        f"{t['drafter_calls_per_example']:.1f} |")
+  lines += ['', "Not in either side's encoder or step costs: the cross-attention keys and values of the encoded "
+            "input (HF computes them in its first decoder call, ours when it sets up the cache). A negative rest "
+            "means the calls cost less inside the decode than timed alone: timing noise, verify calls narrower "
+            "than γ+1 tokens, or (HF, whose cache grows) decoding mostly at shorter positions than the one timed."]
+  return lines
 
 
 def plot(path: str, summary: Mapping[str, Any]) -> None:

@@ -3,7 +3,8 @@
 The pure parts (HF outputs in our layout, generate's arguments, assistant settings, summaries) are checked on
 hand-made data; a tiny end-to-end run (random 1-layer networks exported to HF in a temp dir, 2 examples of the
 embedded test slices, greedy and temperature 1) checks that greedy outputs agree across frameworks and
-decoders, that the call and token counts add up, and that the report files are written.
+decoders, that the call and token counts add up, that the per-call costs ("where the time goes") are measured,
+and that the report files are written.
 """
 
 import importlib.util
@@ -167,7 +168,9 @@ def peer_run(tmp_path_factory):
                         run_name='tiny', hf_settings=('constant', 'hf_default'), draft_confidence=0.0,
                         repeats=1, length_buckets=False, log=lambda _: None,
                         # One torch thread: on a busy test machine more spin against XLA's (timing is moot here).
-                        torch_threads=1)
+                        torch_threads=1,
+                        # Per-call costs of both examples, briefly.
+                        call_cost_repeats=2, call_cost_num_calls=4)
   finally:
     tasks.register_local_tasks()
   return summary, str(root / 'out')
@@ -264,3 +267,182 @@ def test_ours_batched_rows_and_their_report(peer_run):
   assert rows[0]['tokens'] == rows[1]['tokens'] > 0 and all(r['tokens_per_s'] > 0 for r in rows)
   text = peers.markdown(dict(summary, batched=rows, ours_batch_size=2))
   assert '## Ours at batch 2 vs HF at batch 1 × 2' in text and '| 0 | speculative@batch2 |' in text
+
+
+# -----------------------------------------------------------------------------
+# Where the time goes: per-call costs.
+# -----------------------------------------------------------------------------
+
+MS = {'hf': {'target_encoder': 2.0, 'target_step': 4.0, 'target_verify': 6.0, 'drafter_encoder': 1.0,
+             'drafter_step': 2.0},
+      'ours': {'target_encoder': 0.5, 'target_step': 1.0, 'target_verify': 2.0, 'drafter_encoder': 0.25,
+               'drafter_step': 0.25}}
+
+
+def test_call_cost_ratios_on_hand_made_numbers():
+  r = peers.call_cost_ratios(MS)
+  assert r['hf_over_ours'] == {'target_encoder': 4.0, 'target_step': 4.0, 'target_verify': 3.0,
+                               'drafter_encoder': 4.0, 'drafter_step': 8.0}
+  assert r['verify_over_step'] == {'hf': 1.5, 'ours': 2.0}
+  assert r['c'] == {'hf': 0.5, 'ours': 0.25}
+  zero = {f: dict(v, target_step=0.0) for f, v in MS.items()}
+  assert peers.call_cost_ratios(zero)['c'] == {'hf': None, 'ours': None}
+
+
+def test_model_time_per_token_on_hand_made_numbers():
+  # HF baseline: 2 examples, 20 tokens, 20 target calls, 0.2 s: 10 ms/token measured;
+  # model calls: 2 encoders × 2 ms + 20 steps × 4 ms = 84 ms = 4.2 ms/token; the rest 5.8 ms/token.
+  base = {'framework': 'hf', 'system': 'baseline', 'temperature': 0.0, 'examples': 2, 'tokens': 20,
+          'target_calls': 20, 'seconds': 0.2}
+  t = peers.model_time_per_token(base, MS['hf'])
+  assert t['measured_ms_per_token'] == pytest.approx(10.0)
+  assert t['encoders_ms_per_token'] == pytest.approx(0.2) and t['target_ms_per_token'] == pytest.approx(4.0)
+  assert t['drafter_ms_per_token'] == 0 and t['model_ms_per_token'] == pytest.approx(4.2)
+  assert t['overhead_ms_per_token'] == pytest.approx(5.8) and t['overhead_share'] == pytest.approx(0.58)
+  assert t['target_call_tokens'] == 1.0 and t['drafter_calls_per_example'] == 0
+  # HF assisted: 8 verify calls × 6 ms, 15 drafter calls per example × 2 examples × 2 ms, encoders 2 × (2 + 1).
+  hf_spec = dict(base, system='assisted:constant', target_calls=8, drafted=24, drafted_per_target_call=3.0,
+                 drafter_calls_per_example=15.0, seconds=0.25)
+  t = peers.model_time_per_token(hf_spec, MS['hf'])
+  assert t['model_ms_per_token'] == pytest.approx((6 + 48 + 60) / 20)
+  assert t['drafter_ms_per_token'] == pytest.approx(3.0) and t['target_call_tokens'] == 4.0
+  assert t['overhead_ms_per_token'] == pytest.approx(12.5 - 5.7)
+  # Ours speculative: no drafter call count, one drafter call per draft (24 in all).
+  ours_spec = dict(hf_spec, framework='ours', system='speculative', seconds=0.05)
+  del ours_spec['drafter_calls_per_example']
+  t = peers.model_time_per_token(ours_spec, MS['ours'])
+  assert t['drafter_calls_per_example'] == 12.0
+  assert t['model_ms_per_token'] == pytest.approx((2 * 0.75 + 8 * 2.0 + 24 * 0.25) / 20)
+  assert t['overhead_ms_per_token'] == pytest.approx(2.5 - 23.5 / 20)
+
+
+def test_constant_pair_breakdown_and_sentences():
+  per_token = [
+      {'framework': 'hf', 'system': 'assisted:constant', 'temperature': 0.0, 'model_ms_per_token': 6.0,
+       'overhead_ms_per_token': 6.0, 'overhead_share': 0.5},
+      {'framework': 'ours', 'system': 'speculative', 'temperature': 0.0, 'model_ms_per_token': 1.5,
+       'overhead_ms_per_token': 0.5, 'overhead_share': 0.25},
+  ]
+  pairs = [{'temperature': 0.0, 'ours': 'baseline', 'hf': 'baseline', 'ratio': 3.0},
+           {'temperature': 0.0, 'ours': 'speculative', 'hf': 'assisted:constant', 'ratio': 6.0},
+           {'temperature': 1.0, 'ours': 'speculative', 'hf': 'assisted:constant', 'ratio': 5.0}]  # no costs
+  breakdown = peers.constant_pair_breakdown(per_token, pairs)
+  assert len(breakdown) == 1 and breakdown[0]['ratio'] == 6.0 and breakdown[0]['model_ratio'] == 4.0
+  costs = {'ms': MS, 'ratios': peers.call_cost_ratios(MS), 'per_token': per_token}
+  first, second = peers.call_cost_sentences(costs, pairs, gamma=3)
+  assert first.startswith("HF's 1-token target step costs 4.0× ours (4.00 vs 1.00 ms), its 4-token verify "
+                          "call 3.0× and its drafter step 8.0× ours; c (drafter step / target step) is 0.50 in HF "
+                          "and 0.25 in ours")
+  assert 'a verify call costs 1.50× a 1-token step in HF and 2.00× in ours.' in first
+  assert second == ("At t = 0, ours speculative makes 6.00× HF assisted:constant's tokens/s; their model calls "
+                    "alone take 6.00 vs 1.50 ms per token (4.00×), and the time outside the calls is 6.00 ms per "
+                    "token for HF (50% of its time) vs 0.50 ms for ours (25%).")
+  assert len(peers.call_cost_sentences(dict(costs, per_token=[]), pairs, gamma=3)) == 1
+
+
+def test_hf_decoder_inputs():
+  np.testing.assert_array_equal(peers.hf_decoder_inputs([5, 6, 1, 0], 6), [0, 5, 6, 1, 0, 0])
+  np.testing.assert_array_equal(peers.hf_decoder_inputs([5, 6, 7, 8], 3), [0, 5, 6])
+
+
+def test_hf_crop_restores_the_cache_between_timed_calls(tmp_path):
+  """A cached call after `hf_crop` sees the prefix again: its logits match a teacher-forced full call."""
+  config = _config()
+  directory = hf_export.save_hf(str(tmp_path), config, _random_params(config, 0))
+  model = transformers.T5ForConditionalGeneration.from_pretrained(directory, dtype=torch.float32).eval()
+  ids = torch.tensor([[5, 6, 7, 8, 1]])
+  mask = torch.ones_like(ids)
+  dec = torch.tensor([[0, 11, 12, 13, 14, 15, 16, 17]])
+  with torch.inference_mode():
+    encoded = model.get_encoder()(input_ids=ids, attention_mask=mask)
+    full = model(encoder_outputs=encoded, attention_mask=mask, decoder_input_ids=dec).logits
+    cache = peers._hf_output_cache(model(encoder_outputs=encoded, attention_mask=mask,
+                                         decoder_input_ids=dec[:, :4], use_cache=True))
+    keyword = peers._hf_cache_keyword(model)
+    for k in (1, 4, 1):  # each call from the same 4-position state
+      out = model(encoder_outputs=encoded, attention_mask=mask, decoder_input_ids=dec[:, 4:4 + k], use_cache=True,
+                  **{keyword: cache})
+      assert cache.get_seq_length() == 4 + k
+      np.testing.assert_allclose(out.logits.numpy(), full[:, 4:4 + k].numpy(), atol=1e-5)
+      peers.hf_crop(cache, 4)
+      assert cache.get_seq_length() == 4
+    peers.hf_crop(cache, 6)  # nothing to cut
+    assert cache.get_seq_length() == 4
+  costs = peers.hf_call_costs(torch, model, model, [5, 6, 7, 8, 1], dec[0].numpy(), position=4, gamma=3,
+                              repeats=1)
+  assert set(costs) == set(peers.CALL_KINDS) and all(v > 0 for v in costs.values())
+  with pytest.raises(ValueError, match='need position'):
+    peers.hf_call_costs(torch, model, model, [5, 1], dec[0].numpy(), position=5, gamma=3, repeats=1)
+
+
+def test_call_costs_in_the_run(peer_run):
+  summary, out = peer_run
+  costs = summary['call_costs']
+  assert costs['examples'] == [0, 1] and costs['repeats'] == 2 and costs['ours_calls_per_repeat'] == 4
+  assert costs['position'] == LENGTHS['targets'] - GAMMA - 1  # capped: 8 target tokens
+  for framework in ('hf', 'ours'):
+    assert set(costs['ms'][framework]) == set(peers.CALL_KINDS)
+    assert all(math.isfinite(v) and v > 0 for v in costs['ms'][framework].values())
+    assert all(len(v) == 2 and all(x > 0 for x in v) for v in costs['per_example_ms'][framework].values())
+  for group in costs['ratios'].values():
+    assert all(math.isfinite(v) and v > 0 for v in group.values())
+  per_token = {(t['temperature'], t['framework'], t['system']): t for t in costs['per_token']}
+  assert set(per_token) == set(_rows(summary))
+  for key, t in per_token.items():
+    row = _rows(summary)[key]
+    assert t['measured_ms_per_token'] == pytest.approx(1000 * row['seconds'] / row['tokens'])
+    assert t['model_ms_per_token'] > 0 and math.isfinite(t['overhead_ms_per_token'])
+    assert t['model_ms_per_token'] + t['overhead_ms_per_token'] == pytest.approx(t['measured_ms_per_token'])
+    assert (t['drafter_ms_per_token'] > 0) == (key[2] != 'baseline')
+  with open(os.path.join(out, 'tiny.json')) as f:
+    assert json.load(f)['call_costs'] == json.loads(json.dumps(costs))
+  with open(os.path.join(out, 'tiny.md')) as f:
+    text = f.read()
+  assert '## Where the time goes (per-call costs, batch 1)' in text
+  assert f"| target decoder, verify: γ+1 = {GAMMA + 1} tokens (cached) |" in text
+  assert "HF's 1-token target step costs" in text and 'At t = 0, ours speculative makes' in text
+  assert '| 0 | hf | assisted:constant |' in text.split('## Where the time goes')[1]
+
+
+def test_call_costs_off(tmp_path, monkeypatch):
+  """call_costs=False: nothing measured, no section, null in the JSON; old summaries without the key render."""
+  config = _config()
+  for name, seed in (('target', 0), ('drafter', 1)):
+    checkpoints.save_compact(str(tmp_path / name), config, _random_params(config, seed), storage_dtype=jnp.float32)
+
+  def fail(*args, **kwargs):
+    raise AssertionError('measured with call_costs=False')
+  monkeypatch.setattr(peers, 'measure_call_costs', fail)
+  tasks.register_local_tasks(corpus_dir=TEST_SLICES)
+  try:
+    summary = peers.run(str(tmp_path / 'target'), str(tmp_path / 'drafter'), tasks.ENDE_LOCAL_TASK, 'test',
+                        LENGTHS, max_examples=1, gamma=GAMMA, temperatures=(0.0,), output_dir=str(tmp_path / 'out'),
+                        run_name='off', hf_settings=('constant',), draft_confidence=0.0, length_buckets=False,
+                        torch_threads=1, write_plot=False, call_costs=False, log=lambda _: None)
+  finally:
+    tasks.register_local_tasks()
+  assert summary['call_costs'] is None
+  with open(tmp_path / 'out' / 'off.json') as f:
+    assert json.load(f)['call_costs'] is None
+  with open(tmp_path / 'out' / 'off.md') as f:
+    assert 'Where the time goes' not in f.read()
+  old = {k: v for k, v in summary.items() if k != 'call_costs'}
+  assert 'Where the time goes' not in peers.markdown(old)
+  with pytest.raises(ValueError, match='call_cost_examples'):
+    peers.run(str(tmp_path / 'target'), str(tmp_path / 'drafter'), tasks.ENDE_LOCAL_TASK, 'test', LENGTHS,
+              max_examples=1, gamma=GAMMA, call_cost_examples=0)
+
+
+def test_script_flag_switches_call_costs_off(monkeypatch, tmp_path):
+  script = _script()
+  assert not script.parse_args([]).no_call_costs and script.parse_args(['--no_call_costs']).no_call_costs
+  seen = []
+
+  def fake_run(*args, **kwargs):
+    seen.append(kwargs['call_costs'])
+    return {'rows': [], 'identity': {}, 'call_costs': None}
+  monkeypatch.setattr(peers, 'run', fake_run)
+  monkeypatch.setattr(tasks, 'register_local_tasks', lambda *a, **k: None)
+  argv = ['--out', str(tmp_path), '--run', 'peers']
+  assert script.main(argv) == 0 and script.main(argv + ['--no_call_costs']) == 0
+  assert seen == [True, False]
