@@ -2,9 +2,10 @@
 
   python scripts/distill_drafters.py train    [RUN ...]   # resumable; a finished run is skipped
   python scripts/distill_drafters.py evaluate [RUN ...] --max_examples 128 --out results/distill/divergences
-  python scripts/distill_drafters.py ship RUN --name NAME                 # -> models/cpu/NAME + MODEL_CARD.md
+  python scripts/distill_drafters.py ship RUN --name NAME     # -> <family's models>/NAME + MODEL_CARD.md
 
-Each run continues a shipped drafter (`init`) for the same number of steps on one kind of data and loss:
+Each run belongs to a family (`FAMILIES`: the target it is distilled against, v1 = models/cpu/target, v2 =
+models/cpu_v2/target) and continues a shipped drafter (`init`) on one kind of data and loss:
 
 * data: the reference corpus (`data/corpus`), the target's greedy decodes of the training inputs
   (`data/distill_greedy`), or one sample per input at temperature 1 (`data/distill_t1`); the last two come from
@@ -32,35 +33,59 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 RUNS_DIR = 'runs/distill'
-TEACHER = 'models/cpu/target'
-DATA = {'ref': 'data/corpus', 'greedy': 'data/distill_greedy', 't1': 'data/distill_t1'}
-# name: (train gin, init_from_dir, data key, divergence or None (CE on the data), steps, init_matching_only)
-RUNS = {
-    'd2_ce_greedy': ('train/cpu_drafter_d2.gin', 'models/cpu/d2', 'greedy', None, 600, False),
-    'd2_fkl_ref': ('train/cpu_drafter_d2.gin', 'models/cpu/d2', 'ref', 'fkl', 600, False),
-    'd2_fkl_greedy': ('train/cpu_drafter_d2.gin', 'models/cpu/d2', 'greedy', 'fkl', 600, False),
-    'd2_rkl_greedy': ('train/cpu_drafter_d2.gin', 'models/cpu/d2', 'greedy', 'rkl', 600, False),
-    'd2_tvd_greedy': ('train/cpu_drafter_d2.gin', 'models/cpu/d2', 'greedy', 'tvd', 600, False),
-    'd2_fkl_t1': ('train/cpu_drafter_d2.gin', 'models/cpu/d2', 't1', 'fkl', 600, False),
-    'd2_tvd_t1': ('train/cpu_drafter_d2.gin', 'models/cpu/d2', 't1', 'tvd', 600, False),  # not run yet
-    # One decoder layer under d1's encoder, from d1kd's shared parameters (train.init_matching_only).
-    'd1s_fkl_greedy': ('train/cpu_drafter_d1s.gin', 'models/cpu/d1kd', 'greedy', 'fkl', 600, True),
+# A family: the target the drafters are distilled against, where its drafters ship, and its corpora.
+FAMILIES = {
+    # The first CPU family: the 13.6M target (256 wide).
+    'v1': {'target': 'models/cpu/target', 'models': 'models/cpu',
+           'data': {'ref': 'data/corpus', 'greedy': 'data/distill_greedy', 't1': 'data/distill_t1'},
+           'baselines': ('d2', 'd1kd')},
+    # The second: the 22.8M target (384 wide, gin/train/cpu_target_v2.gin), whose decoder outgrows the L3 cache.
+    'v2': {'target': 'models/cpu_v2/target', 'models': 'models/cpu_v2',
+           'data': {'ref': 'data/corpus', 'greedy': 'data/distill_greedy_v2', 't1': 'data/distill_t1_v2'},
+           'baselines': ('d2', 'd1s', 'd1kd')},
 }
-BASELINES = ('d2', 'd1kd')  # shipped drafters evaluated beside the runs
+# name: (train gin, init_from_dir, data key, divergence or None (CE on the data), steps, init_matching_only,
+#        family)
+RUNS = {
+    'd2_ce_greedy': ('train/cpu_drafter_d2.gin', 'models/cpu/d2', 'greedy', None, 600, False, 'v1'),
+    'd2_fkl_ref': ('train/cpu_drafter_d2.gin', 'models/cpu/d2', 'ref', 'fkl', 600, False, 'v1'),
+    'd2_fkl_greedy': ('train/cpu_drafter_d2.gin', 'models/cpu/d2', 'greedy', 'fkl', 600, False, 'v1'),
+    'd2_rkl_greedy': ('train/cpu_drafter_d2.gin', 'models/cpu/d2', 'greedy', 'rkl', 600, False, 'v1'),
+    'd2_tvd_greedy': ('train/cpu_drafter_d2.gin', 'models/cpu/d2', 'greedy', 'tvd', 600, False, 'v1'),
+    'd2_fkl_t1': ('train/cpu_drafter_d2.gin', 'models/cpu/d2', 't1', 'fkl', 600, False, 'v1'),
+    'd2_tvd_t1': ('train/cpu_drafter_d2.gin', 'models/cpu/d2', 't1', 'tvd', 600, False, 'v1'),  # not run yet
+    # One decoder layer under d1's encoder, from d1kd's shared parameters (train.init_matching_only).
+    'd1s_fkl_greedy': ('train/cpu_drafter_d1s.gin', 'models/cpu/d1kd', 'greedy', 'fkl', 600, True, 'v1'),
+    # Against the v2 target: the v1 drafters continued on its greedy decodes (sequence-level KD: cheap, and
+    # the winner for greedy in results/distill/divergences.md).
+    'v2_d1kd_ce_greedy': ('train/cpu_drafter_d1.gin', 'models/cpu/d1kd', 'greedy', None, 1200, False, 'v2'),
+    'v2_d1s_ce_greedy': ('train/cpu_drafter_d1s.gin', 'models/cpu/d1s', 'greedy', None, 1200, False, 'v2'),
+    'v2_d2_ce_greedy': ('train/cpu_drafter_d2.gin', 'models/cpu/d2', 'greedy', None, 1200, False, 'v2'),
+    'v2_d1kd_fkl_greedy': ('train/cpu_drafter_d1.gin', 'models/cpu/d1kd', 'greedy', 'fkl', 600, False, 'v2'),
+}
+
+
+def family_of(names) -> dict:
+  """The one family the runs `names` belong to (evaluating or shipping mixes none)."""
+  families = sorted({RUNS[n][6] for n in names})
+  if len(families) != 1:
+    raise SystemExit(f'runs {sorted(names)} belong to families {families}; pass runs of one family.')
+  return FAMILIES[families[0]]
 
 
 def train_command(name: str) -> list:
-  gin_file, init, data, divergence, steps, matching = RUNS[name]
+  gin_file, init, data, divergence, steps, matching, family = RUNS[name]
+  teacher, data_dir = FAMILIES[family]['target'], FAMILIES[family]['data'][data]
   run_dir = os.path.join(RUNS_DIR, name)
   cmd = ['python', '-m', 'specdec.train', f'--gin_file={gin_file}',
          f"--gin.MODEL_DIR='{run_dir}'", f"--gin.EXPORT_DIR='{run_dir}/export'",
-         f"--gin.train.train.init_from_dir='{init}'", f"--gin.train.train.corpus_dir='{DATA[data]}'",
+         f"--gin.train.train.init_from_dir='{init}'", f"--gin.train.train.corpus_dir='{data_dir}'",
          f'--gin.train.train.num_steps={steps}', '--gin.train.train.max_minutes=None',
          f'--gin.train.train.eval_every={steps}', '--gin.train.train.checkpoint_every=100']
   if matching:
     cmd.append('--gin.train.train.init_matching_only=True')
   if divergence:
-    cmd += [f"--gin.train.train.teacher_dir='{TEACHER}'", '--gin.train.train.distill_weight=1.0',
+    cmd += [f"--gin.train.train.teacher_dir='{teacher}'", '--gin.train.train.distill_weight=1.0',
             f"--gin.train.train.divergence='{divergence}'"]
   return cmd
 
@@ -79,7 +104,7 @@ def train(names) -> int:
     if (exported_step(name) or 0) >= steps:
       print(f'== {name}: finished (step {steps}); skipped', flush=True)
       continue
-    data_dir = DATA[RUNS[name][2]]
+    data_dir = FAMILIES[RUNS[name][6]]['data'][RUNS[name][2]]
     if not os.path.exists(os.path.join(data_dir, 'translate_en_de', 'train.jsonl')):
       raise SystemExit(f'{name}: no corpus at {data_dir} (build it first: see the docstring).')
     cmd = train_command(name)
@@ -107,8 +132,9 @@ def evaluate(names, args) -> int:
   import evaluate_family  # pylint: disable=g-import-not-at-top
   tasks.register_local_tasks(args.corpus)
   lengths = {'inputs': 96, 'targets': 48}
-  target = checkpoints.load_module_and_params(TEACHER)
-  todo = [(b, os.path.join('models/cpu', b)) for b in BASELINES]
+  family = family_of(names)
+  target = checkpoints.load_module_and_params(family['target'])
+  todo = [(b, os.path.join('models/cpu', b)) for b in family['baselines']]
   todo += [(n, os.path.join(RUNS_DIR, n, 'export')) for n in names if exported_step(n) == RUNS[n][4]]
   rows = []
   for name, directory in todo:
@@ -121,7 +147,7 @@ def evaluate(names, args) -> int:
                      None if name not in RUNS else train_record, acc))
   command = 'python scripts/distill_drafters.py evaluate ' + ' '.join(sys.argv[2:])
   lines = [f'# Distilling drafters: divergences and data ({os.path.basename(args.out)})', '',
-           f'Made by `{command.strip()}` on {time.strftime("%Y-%m-%d")}. Target `{TEACHER}`; first '
+           f'Made by `{command.strip()}` on {time.strftime("%Y-%m-%d")}. Target `{family["target"]}`; first '
            f'{args.max_examples} test examples per task; γ = {args.gamma}; α = mean Σ min(p, q) over verified '
            'positions (greedy: agreement of the argmaxes). Each run continues the shipped drafter for the '
            'same number of steps (batch 32, Adafactor); minutes are wall minutes on this 2-core CPU. Data: '
@@ -132,7 +158,7 @@ def evaluate(names, args) -> int:
            '| α summ. t=0 | α summ. t=1 |', '|---|---|---|---|---|---|---|---|---|---|']
   for r in rows:
     a = r['acceptance']
-    data = next((k for k, v in DATA.items() if v == r['corpus']), r['corpus'] or '—')
+    data = next((k for k, v in family['data'].items() if v == r['corpus']), r['corpus'] or '—')
     lines.append(
         f"| {r['drafter']} | {data} | {r['divergence'] if r['steps'] else '—'} | {r['steps'] or '—'} | "
         f"{r['minutes']:.1f} | " + (f"{r['eval_loss']:.3f}" if r['eval_loss'] else '—') + ' | '
@@ -148,15 +174,17 @@ def evaluate(names, args) -> int:
 
 
 def ship(name: str, model_name: str, results: str) -> int:
-  """Copies a finished run's export to models/cpu/<model_name> with a model card."""
+  """Copies a finished run's export to <family's models>/<model_name> with a model card."""
   import shutil  # pylint: disable=g-import-not-at-top
   from specdec import checkpoints  # pylint: disable=g-import-not-at-top
   from specdec import network  # pylint: disable=g-import-not-at-top
   if exported_step(name) != RUNS[name][4]:
     raise SystemExit(f'{name} has not finished ({exported_step(name)} of {RUNS[name][4]} steps).')
-  src, dst = os.path.join(RUNS_DIR, name, 'export'), os.path.join('models/cpu', model_name)
+  family = family_of([name])
+  teacher = family['target']
+  src, dst = os.path.join(RUNS_DIR, name, 'export'), os.path.join(family['models'], model_name)
   config, params = checkpoints.load_compact(src)
-  target_config, _ = checkpoints.load_compact(TEACHER)
+  target_config, _ = checkpoints.load_compact(teacher)
   with open(os.path.join(src, 'config.json')) as f:
     t = json.load(f)['train']
   manifest_path = os.path.join(t['corpus_dir'], 'manifest.json')
@@ -174,7 +202,7 @@ def ship(name: str, model_name: str, results: str) -> int:
                        f"target call" + (f", greedy identical {v['identical_outputs']}"
                                          if 'identical_outputs' in v else '')
                        for k, v in row['acceptance'].items()]
-        alpha_lines.insert(0, f"- Acceptance against `{TEACHER}` (γ = {evaluated['gamma']}, first "
+        alpha_lines.insert(0, f"- Acceptance against `{teacher}` (γ = {evaluated['gamma']}, first "
                               f"{evaluated['max_examples']} test examples per task; `{evaluated['command']}`):")
   ev = t.get('final_eval') or {}
   data_text = (f"the target's decodes of the training inputs, made by `{corpus_command}`" if corpus_command
@@ -183,7 +211,7 @@ def ship(name: str, model_name: str, results: str) -> int:
   cost = network.decoder_macs_per_token(config, 96) / network.decoder_macs_per_token(target_config, 96)
   card = f"""# Model card: {model_name} (distilled drafter)
 
-- What: a drafter trained to predict the target `{TEACHER}` for speculative decoding (scripts/distill_drafters.py,
+- What: a drafter trained to predict the target `{teacher}` for speculative decoding (scripts/distill_drafters.py,
   run `{name}`): loss {t.get('divergence') or 'cross-entropy on the data'} (specdec/distill.py) to the target at
   every position{', weight ' + str(t.get('distill_weight')) if t.get('teacher_dir') else ''}, on
   `{t['corpus_dir']}`, starting from `{t.get('init_from_dir')}`{' (the parameters it shares: train.init_matching_only)' if RUNS[name][5] else ''}.
@@ -218,7 +246,7 @@ def jax_leaves(tree):
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
   parser.add_argument('what', choices=('train', 'evaluate', 'ship'))
-  parser.add_argument('--name', help='ship: the model directory name under models/cpu')
+  parser.add_argument('--name', help="ship: the model directory name under the family's models (models/cpu, models/cpu_v2)")
   parser.add_argument('runs', nargs='*', help=f'default: all of {sorted(RUNS)}')
   parser.add_argument('--max_examples', type=int, default=128)
   parser.add_argument('--gamma', type=int, default=4)
