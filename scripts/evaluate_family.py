@@ -2,10 +2,10 @@
 
   python scripts/evaluate_family.py --models models/cpu --max_examples 256
 
-For every network in <models>/ (target, d1, d2, d3): validation loss is read
+For every network in <models>/ (target, d1, d1kd, d1s, d2, d3; those present): validation loss is read
 from its config, BLEU on the local En→De test split and ROUGE on the local
 summarization test split come from greedy decodes here. For every drafter
-(unigram, bigram, d3, d2, d1): speculative decoding with the target on both
+(unigram, bigram, d3, d2, d1s, d1kd, d1; those present): speculative decoding with the target on both
 test splits at temperature 0 and 1 gives α two ways (accepted / judged, and
 the mean of Σ min(p, q) over verified positions) next to the paper's Table 3,
 and at temperature 0 the share of outputs identical to the target's baseline.
@@ -33,8 +33,8 @@ from specdec import network
 from specdec import tasks
 
 TASKS = {'ende': tasks.ENDE_LOCAL_TASK, 'summarize': tasks.SUMMARIZE_LOCAL_TASK}
-NETWORKS = ('target', 'd1', 'd2', 'd3')
-DRAFTERS = ('unigram', 'bigram', 'd3', 'd2', 'd1')
+NETWORKS = ('target', 'd1', 'd1kd', 'd1s', 'd2', 'd3')  # each evaluated if <models>/<name> exists
+DRAFTERS = ('unigram', 'bigram', 'd3', 'd2', 'd1s', 'd1kd', 'd1')
 # PAPER.md Table 3, T5-XXL rows (t=0 / t=1); the paper's drafters differ.
 PAPER_TABLE3 = {
     'ende': {'unigram': (0.08, 0.07), 'bigram': (0.20, 0.19),
@@ -43,7 +43,10 @@ PAPER_TABLE3 = {
                   'small': (0.65, 0.53), 'base': (0.73, 0.55), 'large': (0.74, 0.56)},
 }
 PAPER_DRAFTER_FOR = {'d3': 'small', 'd2': 'base', 'd1': 'large',
-                     'unigram': 'unigram', 'bigram': 'bigram'}
+                     'unigram': 'unigram', 'bigram': 'bigram',
+                     # The distilled d1 (d1kd) and its one-decoder-layer version (d1s) stand in for the paper's
+                     # T5-small: its only drafter near 0.75 greedy.
+                     'd1kd': 'small', 'd1s': 'small'}
 
 
 def _write(path, text):
@@ -244,7 +247,9 @@ def model_card(name, config, entry, report):
 - Training: {train.get('step', '?')} steps, {train.get('minutes', float('nan')):.1f} minutes of recorded wall time on
   this 2-core CPU over {len(train.get('runs', []))} recorded run(s) (a run not in the list was not timed):
 {chr(10).join(f"  - `{r['command']}`: steps {r['from_step']}→{r['to_step']}, {r['minutes']:.1f} min" for r in train.get('runs', []))}
-- Teacher (distillation): {train.get('teacher_dir')}.
+- Teacher (distillation): {train.get('teacher_dir')}; training corpus: {train.get('corpus_dir') or 'the local corpus'}
+  (a `data/distill_*` corpus holds a target's decodes: scripts/build_distill_corpus.py); initialised from:
+  {train.get('init_from_dir') or 'random'}.
 - Final validation loss: {ev.get('eval_loss', float('nan')):.4f}.
 - Test (greedy, first {report['max_examples']} examples): En→De BLEU {entry['test']['ende'].get('bleu', float('nan')):.2f};
   summarization ROUGE {json.dumps({k: round(v, 2) for k, v in entry['test']['summarize'].items()})}.

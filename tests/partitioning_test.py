@@ -11,10 +11,8 @@ re-raises its assertion errors here. Each case checks
 `jax.device_count() == 8` and fails otherwise.
 """
 
-import concurrent.futures
 import functools
 import importlib.util
-import multiprocessing
 import os
 
 import flax
@@ -24,6 +22,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
+from tests import device_pool
 from specdec import decoding
 from specdec import models
 from specdec import network
@@ -57,21 +56,8 @@ RULES_1D = partitioning.standard_logical_axis_rules()
 
 @pytest.fixture(scope='module')
 def devices8():
-  old = os.environ.get('XLA_FLAGS')
-  kept = [f for f in (old or '').split()
-          if not f.startswith('--xla_force_host_platform_device_count')]
-  os.environ['XLA_FLAGS'] = ' '.join(kept + CHILD_XLA_FLAGS.split())
-  try:
-    pool = concurrent.futures.ProcessPoolExecutor(
-        1, mp_context=multiprocessing.get_context('spawn'))
-    pool.submit(int).result()  # Starts the process with this environment.
-  finally:
-    if old is None:
-      del os.environ['XLA_FLAGS']
-    else:
-      os.environ['XLA_FLAGS'] = old
-  yield pool
-  pool.shutdown()
+  with device_pool.spawned(CHILD_XLA_FLAGS) as pool:
+    yield pool
 
 
 def _in_8_devices(pool, fn, *args):

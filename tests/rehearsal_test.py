@@ -26,12 +26,10 @@ shipped 8100-id SentencePiece model stands in (vocab_size 8192). Measured
 time: see the report of issue 13 (about a minute on 2 idle cores).
 """
 
-import concurrent.futures
 import contextlib
 import functools
 import io
 import json
-import multiprocessing
 import os
 import time
 
@@ -39,6 +37,7 @@ import jax
 import numpy as np
 import pytest
 
+from tests import device_pool
 from specdec import checkpoints
 from specdec import network
 from specdec import t5x_checkpoint
@@ -66,21 +65,8 @@ GAMMA = 3
 
 @pytest.fixture(scope='module')
 def devices8():
-  old = os.environ.get('XLA_FLAGS')
-  kept = [f for f in (old or '').split()
-          if not f.startswith('--xla_force_host_platform_device_count')]
-  os.environ['XLA_FLAGS'] = ' '.join(kept + CHILD_XLA_FLAGS.split())
-  try:
-    pool = concurrent.futures.ProcessPoolExecutor(
-        1, mp_context=multiprocessing.get_context('spawn'))
-    pool.submit(int).result()  # Starts the process with this environment.
-  finally:
-    if old is None:
-      del os.environ['XLA_FLAGS']
-    else:
-      os.environ['XLA_FLAGS'] = old
-  yield pool
-  pool.shutdown()
+  with device_pool.spawned(CHILD_XLA_FLAGS) as pool:
+    yield pool
 
 
 # -----------------------------------------------------------------------------

@@ -17,13 +17,11 @@ values restored from a checkpoint written on another mesh, are compared
 exactly.
 """
 
-import concurrent.futures
 import contextlib
 import dataclasses
 import functools
 import io
 import json
-import multiprocessing
 import os
 import shutil
 import types
@@ -37,6 +35,7 @@ import orbax.checkpoint as ocp
 import pytest
 from jax.sharding import PartitionSpec as P
 
+from tests import device_pool
 from specdec import checkpoints
 from specdec import network
 from specdec import partitioning
@@ -182,21 +181,8 @@ def _spec_of(run, keys, field=None, key='specs'):
 
 @pytest.fixture(scope='module')
 def devices8():
-  old = os.environ.get('XLA_FLAGS')
-  kept = [f for f in (old or '').split()
-          if not f.startswith('--xla_force_host_platform_device_count')]
-  os.environ['XLA_FLAGS'] = ' '.join(kept + CHILD_XLA_FLAGS.split())
-  try:
-    pool = concurrent.futures.ProcessPoolExecutor(
-        1, mp_context=multiprocessing.get_context('spawn'))
-    pool.submit(int).result()  # Starts the process with this environment.
-  finally:
-    if old is None:
-      del os.environ['XLA_FLAGS']
-    else:
-      os.environ['XLA_FLAGS'] = old
-  yield pool
-  pool.shutdown()
+  with device_pool.spawned(CHILD_XLA_FLAGS) as pool:
+    yield pool
 
 
 def _in_child(pool, fn, *args):
