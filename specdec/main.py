@@ -153,15 +153,11 @@ def register_tasks(corpus_dir: Optional[str] = None, vocab_path: Optional[str] =
   tasks.register_paper_tasks(vocab_path) if vocab_path else tasks.register_paper_tasks()
 
 
-def _is_remote(path: str) -> bool:
-  return fileio.is_url(path)
-
-
 def _copy_tree(src: str, dst: str) -> None:
   """Recursive copy through tf.io.gfile (local paths and gs://)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top  (seqio's dependency; gfile reads gs://)
   for root, _, files in tf.io.gfile.walk(src):
-    rel = os.path.relpath(root, src) if not _is_remote(src) else root[len(src):].lstrip('/')
+    rel = os.path.relpath(root, src) if not fileio.is_url(src) else root[len(src):].lstrip('/')
     target = dst.rstrip('/') + ('/' + rel if rel not in ('', '.') else '')
     tf.io.gfile.makedirs(target)
     for name in files:
@@ -176,7 +172,7 @@ def local_output_dir(output_dir: str):
   directory that starts from the remote one's contents (so a rerun resumes) and is copied back at the end,
   also when the run fails part-way; on a multi-host run only process 0 copies.
   """
-  if not _is_remote(output_dir):
+  if not fileio.is_url(output_dir):
     os.makedirs(output_dir, exist_ok=True)
     yield output_dir
     return

@@ -50,10 +50,6 @@ _STEP_DIR = re.compile(r'checkpoint_(\d+)$')
 # -----------------------------------------------------------------------------
 
 
-def is_remote(path: str) -> bool:
-  return fileio.is_url(path)
-
-
 def named_like_t5x(path: str) -> bool:
   """True if `path` is named `.../checkpoint_<step>` or `.../checkpoint` (no I/O).
 
@@ -72,15 +68,10 @@ def kvstore_spec(path: str) -> dict:
   match = re.fullmatch(r'gs://([^/]+)/?(.*)', path, re.DOTALL)
   if match:
     return {'driver': 'gcs', 'bucket': match.group(1), 'path': match.group(2)}
-  if is_remote(path):
+  if fileio.is_url(path):
     raise ValueError(f'Unsupported checkpoint location {path!r}: only local '
                      'paths and gs:// are supported.')
   return {'driver': 'file', 'path': os.path.abspath(path)}
-
-
-def _join(directory: str, name: str) -> str:
-  join = posixpath.join if is_remote(directory) else os.path.join
-  return join(directory, name)
 
 
 def array_spec(checkpoint_dir: str, stored_spec: Mapping[str, Any]) -> dict:
@@ -106,7 +97,7 @@ def array_spec(checkpoint_dir: str, stored_spec: Mapping[str, Any]) -> dict:
     raise ValueError(f'{relative}: bfloat16 stored as uint16 (T5X checkpoint '
                      'version 2) is not supported; re-save it with T5X.')
   spec = {'driver': stored_spec.get('driver', 'zarr'),
-          'kvstore': kvstore_spec(_join(checkpoint_dir, relative.rstrip('/')))}
+          'kvstore': kvstore_spec(fileio.join(checkpoint_dir, relative.rstrip('/')))}
   if dtype is not None:
     spec['dtype'] = dtype
   return spec
@@ -119,7 +110,7 @@ def checkpoint_dir_of(path: str) -> str:
   holding `checkpoint_<step>/` subdirectories: the latest step. A URL named
   like the first two is taken as it is (no round trip to the bucket).
   """
-  if is_remote(path) and named_like_t5x(path):
+  if fileio.is_url(path) and named_like_t5x(path):
     path = path.rstrip('/')
     if posixpath.basename(path) == CHECKPOINT_FILE:
       return posixpath.dirname(path)
@@ -151,7 +142,7 @@ def latest_step_dirs(model_dir: str) -> list:
 
 def looks_like_t5x(path: str) -> bool:
   """True if `path` is (or holds) a T5X checkpoint; a URL named like one by its name only."""
-  if is_remote(path) and named_like_t5x(path):
+  if fileio.is_url(path) and named_like_t5x(path):
     return True
   if fileio.isfile(path):
     return fileio.basename(path) == CHECKPOINT_FILE and _is_t5x_msgpack(path)
@@ -177,7 +168,7 @@ def _read_bytes(directory: str, name: str) -> bytes:
   kvstore['path'] = kvstore['path'].rstrip('/') + '/'
   result = ts.KvStore.open(kvstore).result().read(name).result()
   if result.state != 'value':
-    raise FileNotFoundError(f'No T5X checkpoint file at {_join(directory, name)}.')
+    raise FileNotFoundError(f'No T5X checkpoint file at {fileio.join(directory, name)}.')
   return bytes(result.value)
 
 
@@ -200,19 +191,19 @@ def read_contents(checkpoint_dir: str) -> dict:
   """The msgpack of a checkpoint, with TensorStore specs left as dicts."""
   raw = _read_bytes(checkpoint_dir, CHECKPOINT_FILE)
   if raw.startswith(b'model_checkpoint_path'):
-    raise ValueError(f'{_join(checkpoint_dir, CHECKPOINT_FILE)} is a TensorFlow '
+    raise ValueError(f'{fileio.join(checkpoint_dir, CHECKPOINT_FILE)} is a TensorFlow '
                      'checkpoint index, not a T5X checkpoint.')
   try:
     contents = flax.serialization.msgpack_restore(raw)
   except Exception as e:  # msgpack raises several types.
-    raise ValueError(f'{_join(checkpoint_dir, CHECKPOINT_FILE)} is not a T5X '
+    raise ValueError(f'{fileio.join(checkpoint_dir, CHECKPOINT_FILE)} is not a T5X '
                      f'msgpack checkpoint: {e}') from e
   version = contents.get('version', 0) if isinstance(contents, dict) else None
   if not isinstance(version, (int, np.integer)) or version < 2:
-    raise ValueError(f'{_join(checkpoint_dir, CHECKPOINT_FILE)}: unsupported T5X '
+    raise ValueError(f'{fileio.join(checkpoint_dir, CHECKPOINT_FILE)}: unsupported T5X '
                      f'checkpoint version {version!r} (2 or 3 are read).')
   if 'target' not in contents.get('optimizer', {}):
-    raise ValueError(f'{_join(checkpoint_dir, CHECKPOINT_FILE)} has no '
+    raise ValueError(f'{fileio.join(checkpoint_dir, CHECKPOINT_FILE)} has no '
                      "'optimizer/target' (params) tree.")
   return contents
 
@@ -323,7 +314,7 @@ def save(checkpoint_dir: str, params: PyTree, step: int = 0,
   name, then renamed); it must not exist. Local paths only: copy to GCS
   afterwards (gsutil -m cp -r).
   """
-  if is_remote(checkpoint_dir):
+  if fileio.is_url(checkpoint_dir):
     raise ValueError(f'Writing T5X checkpoints to {checkpoint_dir!r} is not '
                      'supported: write locally, then copy.')
   checkpoint_dir = os.path.abspath(checkpoint_dir)

@@ -55,6 +55,7 @@ import seqio
 import tensorflow as tf
 
 from specdec import corpora
+from specdec import fileio
 from specdec.corpora import SUMMARIZE_PREFIX
 from specdec.corpora import SUMMARIZATION_CORPUS
 from specdec.corpora import TRANSLATE_PREFIX
@@ -104,10 +105,6 @@ BLEU_TOKENIZER = "intl"  # as T5's `t5.evaluation.metrics.bleu`
 # --------------------------------------------------------------------------
 
 
-def _is_remote(path: str) -> bool:
-  return "://" in path
-
-
 @functools.lru_cache(maxsize=None)
 def _cached_vocabulary(path: str, extra_ids: int) -> seqio.SentencePieceVocabulary:
   return seqio.SentencePieceVocabulary(path, extra_ids=extra_ids)
@@ -122,7 +119,7 @@ def get_vocabulary(path: Optional[str] = None,
   only opened, lazily, by seqio on first use.
   """
   path = os.fspath(path) if path is not None else DEFAULT_VOCAB_PATH
-  if not _is_remote(path):
+  if not fileio.is_url(path):
     path = os.path.abspath(os.path.expanduser(path))
     if not os.path.isfile(path):
       raise FileNotFoundError(
