@@ -39,14 +39,27 @@ def plan_runs(args, grid):
   target_dir = os.path.join(args.models, 'target')
   plans = []
   for drafter, task_key, temperature, gamma in grid:
-    name = f'{task_key}_{drafter}_t{temperature:g}_g{gamma}'
-    setting = benchmark.Setting(gamma=gamma, temperature=temperature, repeats=args.repeats, seed=args.seed)
-    provenance = launcher.provenance(target_dir, os.path.join(args.models, drafter))
+    name = f'{task_key}_{_drafter_label(drafter)}_t{temperature:g}_g{gamma}'
+    if args.draft_confidence:
+      name += f'_c{args.draft_confidence:g}'
+    setting = benchmark.Setting(gamma=gamma, temperature=temperature, repeats=args.repeats, seed=args.seed,
+                                draft_confidence=args.draft_confidence)
+    provenance = launcher.provenance(target_dir, _drafter_dir(args, drafter))
     plans.append({'name': name, 'drafter': drafter, 'task': TASKS[task_key], 'setting': setting,
                   'dir': os.path.join(args.out, 'runs', name), 'provenance': provenance,
                   'fingerprint': benchmark.fingerprint_fields(TASKS[task_key], 'test', LENGTHS, setting,
                                                               args.max_examples, drafter, provenance)})
   return plans
+
+
+def _drafter_dir(args, drafter: str) -> str:
+  """A drafter beside the target (`--models`), or a checkpoint directory given as a path (e.g. the v1 family's
+  target-independent bigram table, models/cpu/bigram, against the v2 target)."""
+  return drafter if os.sep in drafter and os.path.isdir(drafter) else os.path.join(args.models, drafter)
+
+
+def _drafter_label(drafter: str) -> str:
+  return os.path.basename(os.path.normpath(drafter)) if os.sep in drafter else drafter
 
 
 def refusals(plans):
@@ -81,7 +94,7 @@ def _run_all(args, grid):
       continue
     print(f'[{n + 1}/{len(plans)}] {name}', flush=True)
     if drafter not in loaded:
-      loaded[drafter] = launcher.load_network(os.path.join(args.models, drafter))
+      loaded[drafter] = launcher.load_network(_drafter_dir(args, drafter))
     summaries.append(benchmark.run(
         target_module, target_params, *loaded[drafter], plan['task'], 'test', LENGTHS, plan['setting'],
         plan['dir'], args.max_examples, drafter_name=drafter, write_plot=False,
@@ -95,7 +108,9 @@ def _header(args, title):
   return (f'# {title}\n\n`{" ".join(["python"] + sys.argv)}` · {datetime.date.today().isoformat()} · '
           f'{machine["processor"]}, {machine["cpu_count"]} CPUs, jax {machine["jax"]}'
           f' · first {args.max_examples} test examples per task, batch 1, {args.repeats} timed repeat(s) per '
-          'example (median), compile excluded\n\n')
+          'example (median), compile excluded'
+          + (f' · adaptive drafting: draft confidence {args.draft_confidence:g}' if args.draft_confidence else '')
+          + f' · target {os.path.join(args.models, "target")}\n\n')
 
 
 def gamma_sweep(args):
@@ -265,6 +280,8 @@ def main():
   parser.add_argument('--task', choices=sorted(TASKS), default='ende', help='task of the γ ablation')
   parser.add_argument('--tasks', nargs='+', choices=sorted(TASKS), default=['ende', 'summ'])
   parser.add_argument('--temperatures', nargs='+', type=float, default=[0.0])
+  parser.add_argument('--draft_confidence', type=float, default=0.0,
+                      help='adaptive drafting: a row stops drafting after a draft below this confidence (0 = off)')
   parser.add_argument('--max_examples', type=int, default=32)
   parser.add_argument('--repeats', type=int, default=1)
   parser.add_argument('--seed', type=int, default=0)

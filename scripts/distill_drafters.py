@@ -62,6 +62,9 @@ RUNS = {
     'v2_d1s_ce_greedy': ('train/cpu_drafter_d1s.gin', 'models/cpu/d1s', 'greedy', None, 1200, False, 'v2'),
     'v2_d2_ce_greedy': ('train/cpu_drafter_d2.gin', 'models/cpu/d2', 'greedy', None, 1200, False, 'v2'),
     'v2_d1kd_fkl_greedy': ('train/cpu_drafter_d1.gin', 'models/cpu/d1kd', 'greedy', 'fkl', 600, False, 'v2'),
+    # The shipped v2 d1kd continued for longer on twice the greedy decodes (--max_examples 16000).
+    'v2_d1kd_ce_greedy_long': ('train/cpu_drafter_d1.gin', 'models/cpu_v2/d1kd', 'greedy', None, 3000, False,
+                               'v2'),
 }
 
 

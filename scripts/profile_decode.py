@@ -6,7 +6,10 @@ For a target and drafter from `models/cpu` (or any compact checkpoint directory)
 first examples of a local test split: the isolated model calls, each phase of a round (draft, verify, accept,
 commit) and the whole round inside a compiled loop, the baseline's round, the per-example fixed costs, the HLO
 of both decode loops (kernels per iteration, copies, scatters), and the end-to-end times of both decoders on
-the examples with the speedup each cost model predicts. Writes `results/profile/<run>.{md,json}`.
+the examples with the speedup each cost model predicts, the per-example fixed cost and per-round cost fitted to
+those real decodes (what a round costs in the real loop, every branch and copy included: the replayed round can
+miss them), and a kernel-by-kernel breakdown of one decode of each decoder from a `jax.profiler` trace.
+Writes `results/profile/<run>.{md,json}`.
 Runs on any JAX backend unchanged. Measure on a quiet machine.
 """
 
@@ -87,6 +90,14 @@ def profile(args) -> dict:
   in_loop = profiling.in_loop_costs(target_module, target_params, drafter_module, drafter_params, first,
                                     decoded_l, args.gamma, spec_params, repeats=args.repeats + 2,
                                     parts=profiling.ALL_PARTS)
+  print('kernels (jax.profiler) ...', flush=True)
+  traces = {'baseline': profiling.trace_kernel_breakdown(lambda: base_predict(bp, first, jax.random.PRNGKey(0))),
+            'speculative': profiling.trace_kernel_breakdown(lambda: spec_predict(sp, first, jax.random.PRNGKey(0)))}
+  try:
+    fitted = profiling.fitted_costs(rows)
+  except ValueError as e:  # every example took the same number of steps
+    print(f'no fit: {e}', flush=True)
+    fitted = None
   print('HLO ...', flush=True)
   hlo = {'baseline': profiling.compiled_loop_facts(base, bp, first, decoder_params),
          'speculative': profiling.compiled_loop_facts(spec, sp, first, dict(spec_params, return_stats=False))}
@@ -99,7 +110,7 @@ def profile(args) -> dict:
       'run': args.run, 'target': args.target, 'drafter': args.drafter, 'task': task_name, 'gamma': args.gamma,
       'temperature': args.temperature, 'draft_confidence': args.draft_confidence,
       'batch_size': args.batch_size, 'examples': len(rows) * args.batch_size, 'lengths': lengths,
-      'isolated': isolated, 'in_loop': in_loop, 'hlo': hlo, 'end_to_end': rows,
+      'isolated': isolated, 'in_loop': in_loop, 'fitted': fitted, 'traces': traces, 'hlo': hlo, 'end_to_end': rows,
       'measured_speedup': base_total / spec_total, 'alpha': alpha,
       'identical': all(r['identical'] for r in rows) if args.temperature == 0 else None,
       'predicted_speedup_isolated': float(theory.predicted_speedup_from_costs(
@@ -156,6 +167,36 @@ def markdown(p: dict) -> str:
   ]
   if p['identical'] is not None:
     lines.append(f"| greedy outputs identical | {p['identical']} |")
+  fit = p.get('fitted')
+  if fit:
+    lines += ['', '## Costs fitted to the real decodes', '',
+              'Least squares over the examples: time = fixed + steps × per-step (steps: tokens for the baseline, '
+              'rounds for speculative). This is what a round costs in the real compiled loop, every branch, '
+              'copy and statistic included; compare it with the replayed round above.', '',
+              '| | fixed ms | per step ms | rms residual ms |', '|---|---|---|---|',
+              f"| baseline (per token) | {ms(fit['baseline_fixed_s'])} | {ms(fit['baseline_token_s'])} | "
+              f"{ms(fit['baseline_rms_residual_s'])} |",
+              f"| speculative (per round) | {ms(fit['speculative_fixed_s'])} | {ms(fit['round_s'])} | "
+              f"{ms(fit['speculative_rms_residual_s'])} |", '',
+              f"A real round costs **{fit['round_in_baseline_tokens']:.2f} baseline tokens** (the replayed round: "
+              f"{il['round_over_baseline']:.2f}) and yields {fit['tokens_per_round']:.2f} tokens.",]
+  if p.get('traces'):
+    lines += ['', '## Kernels of one decode of the first example (jax.profiler)', '',
+              'Exclusive time per kind of kernel (XLA thunks on the compute threads on CPU; device ops on '
+              'GPU/TPU), ms per decode; `ThunkExecutor::Execute` is the runtime\'s own cost of running a '
+              'region (loop body, branch), `SlinkyThreadPool::Await` the wait for work split across threads.', '',
+              '| kernel | baseline ms | launches | speculative ms | launches |', '|---|---|---|---|---|']
+    tb, tsp = p['traces']['baseline'], p['traces']['speculative']
+    by = lambda t: {r['kernel']: r for r in t['families']}
+    b_rows, s_rows = by(tb), by(tsp)
+    names = [r['kernel'] for r in tsp['families'][:12]]
+    names += [r['kernel'] for r in tb['families'][:12] if r['kernel'] not in names]
+    cell = lambda rows, n: (f"{rows[n]['ms_per_call']:.2f} | {rows[n]['launches_per_call']:.0f}"
+                            if n in rows else '– | –')
+    for n in names:
+      lines.append(f"| `{n}` | {cell(b_rows, n)} | {cell(s_rows, n)} |")
+    lines.append(f"| busy (all kernels) | {tb['busy_ms_per_call']:.2f} | | {tsp['busy_ms_per_call']:.2f} | |")
+    lines.append(f"| wall (under the profiler) | {tb['wall_ms_per_call']:.2f} | | {tsp['wall_ms_per_call']:.2f} | |")
   lines += ['', '## HLO of the decode loops', '',
             'Instructions per iteration of each `while` body (a fusion is one kernel; nested loops counted '
             'once where they appear).', '',

@@ -246,7 +246,7 @@ def temperature_sample(
     if logit_callback_fn is not None:
       logits = logit_callback_fn(logits, state)
     if static_greedy:  # argmax needs no normalisation and no random numbers
-      sampled_b = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+      sampled_b = sampling.argmax(logits)
       logp_bv = None
     else:
       logp_bv = sampling.adjusted_log_probs(logits, temperature, topk, topp)
@@ -430,9 +430,10 @@ def _pick_draft(spec: LoopSpec, state: SpeculativeLoopState, j, logits_bv, rng):
   pos_b = state.cur_index + 1 + j
   if spec.fast_greedy:
     logq_bv = None
-    token_b = jnp.argmax(logits_bv, axis=-1).astype(jnp.int32)
-    confidence_b = (jnp.max(jax.nn.softmax(logits_bv.astype(jnp.float32), axis=-1), axis=-1)
-                    if spec.draft_confidence > 0 else None)
+    if spec.draft_confidence > 0:
+      token_b, confidence_b = sampling.argmax_and_top_prob(logits_bv)
+    else:
+      token_b, confidence_b = sampling.argmax(logits_bv), None
   else:
     logq_bv = spec.adjust(logits_bv)
     token_b = sampling.sample(rng, logq_bv)

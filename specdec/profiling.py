@@ -9,6 +9,10 @@ For a target, a drafter, γ and a temperature this module times
   so what they cost *inside a compiled loop* is measured, not dispatch;
 * the baseline's round (`temperature_sample`'s body: one 1-token call plus its bookkeeping) the same way;
 * the per-example fixed costs: the encoder(s) and cache init(s) every example pays before its loop;
+* the fixed and per-step costs fitted to whole decodes (`fitted_costs`): what a round costs in the real loop,
+  every control-flow region, copy and statistic included (a replayed round at one position can miss them);
+* kernel by kernel (`trace_kernel_breakdown`): a `jax.profiler` trace of a compiled call, exclusive time per
+  kind of kernel (matmuls, copies, the runtime's own cost of running loop bodies and branches);
 
 and reads the compiled decode loops' HLO: instructions per loop body by kind (fusions, dots, copies,
 scatters, ...), the facts that explain a loop costing more than its calls. Works on any backend (CPU, GPU, TPU).
@@ -16,6 +20,8 @@ scatters, ...), the facts that explain a loop costing more than its calls. Works
 
 import collections
 import dataclasses
+import glob
+import os
 import re
 import time
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence
@@ -326,3 +332,119 @@ def predicted_speedup_in_loop(costs: Mapping[str, float], baseline_tokens, targe
   base = sum(costs['baseline_fixed_s'] + n * costs['baseline_round_s'] for n in baseline_tokens)
   spec = sum(costs['speculative_fixed_s'] + n * costs['round_s'] for n in target_calls)
   return base / spec
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Costs fitted to whole decodes.
+# ----------------------------------------------------------------------------------------------------------
+
+
+def fit_fixed_and_per_step(steps: Sequence[float], seconds: Sequence[float]) -> Dict[str, float]:
+  """Least-squares `seconds ≈ fixed + steps × per_step` over examples.
+
+  Fitted to real decodes (one row per example: its baseline tokens or its speculative rounds, and its median
+  time), this is what a step costs inside the real compiled loop, every control-flow region, copy and
+  statistic included, which the replayed round of `time_phases` can miss. Needs two or more distinct step
+  counts (a single count cannot separate the two terms).
+  """
+  x = np.asarray(steps, np.float64)
+  y = np.asarray(seconds, np.float64)
+  if x.shape != y.shape or x.ndim != 1:
+    raise ValueError(f'steps and seconds must be 1-D and of one length, got {x.shape} and {y.shape}.')
+  if len(np.unique(x)) < 2:
+    raise ValueError('fitting a fixed and a per-step cost needs examples with at least two distinct step '
+                     f'counts, got {sorted(set(x.tolist()))}.')
+  design = np.stack([np.ones_like(x), x], axis=1)
+  (fixed, per_step), *_ = np.linalg.lstsq(design, y, rcond=None)
+  residual = y - design @ np.array([fixed, per_step])
+  return {'fixed_s': float(fixed), 'per_step_s': float(per_step),
+          'rms_residual_s': float(np.sqrt(np.mean(residual ** 2)))}
+
+
+def fitted_costs(rows: Sequence[Mapping[str, float]]) -> Dict[str, float]:
+  """Per-example fixed cost and per-step cost of both decoders from end-to-end rows (`tokens`,
+  `target_calls`, `baseline_s`, `speculative_s`), and the round in baseline tokens."""
+  base = fit_fixed_and_per_step([r['tokens'] for r in rows], [r['baseline_s'] for r in rows])
+  spec = fit_fixed_and_per_step([r['target_calls'] for r in rows], [r['speculative_s'] for r in rows])
+  tokens = sum(r['tokens'] for r in rows)
+  rounds = sum(r['target_calls'] for r in rows)
+  return {'baseline_fixed_s': base['fixed_s'], 'baseline_token_s': base['per_step_s'],
+          'speculative_fixed_s': spec['fixed_s'], 'round_s': spec['per_step_s'],
+          'round_in_baseline_tokens': spec['per_step_s'] / base['per_step_s'],
+          'tokens_per_round': tokens / rounds if rounds else 0.0,
+          'baseline_rms_residual_s': base['rms_residual_s'],
+          'speculative_rms_residual_s': spec['rms_residual_s']}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Where the time goes, kernel by kernel (jax.profiler).
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _kernel_family(name: str) -> str:
+  """`ynn_fusion.135` -> `ynn_fusion`: one row per kind of kernel XLA emitted."""
+  return re.sub(r'(\.\d+)+$', '', name)
+
+
+def _is_op_line(plane_name: str, line_name: str, has_device: bool) -> bool:
+  if has_device:  # GPU/TPU: the device planes' op lines
+    return plane_name.startswith('/device:') and 'op' in line_name.lower()
+  # The runtime's threads: small programs run on the client thread, larger ones on the Eigen pool too.
+  return plane_name.startswith('/host:CPU') and line_name.startswith('tf_XLA')
+
+
+def trace_kernel_breakdown(fn: Callable[[], Any], calls: int = 3, logdir: Optional[str] = None
+                           ) -> Dict[str, Any]:
+  """Runs `fn()` (already compiled) `calls` times under `jax.profiler` and sums each kernel's exclusive
+  time (its own, less the kernels it launched), per kernel family (`ynn_fusion`, `dot`, `copy`, the
+  executor's own overhead, ...). Milliseconds per call. On CPU the kernels are the XLA thunks on the
+  compute threads; on GPU/TPU the device planes' op lines.
+  """
+  import tempfile  # pylint: disable=g-import-not-at-top
+  jax.block_until_ready(fn())
+  logdir = logdir or tempfile.mkdtemp(prefix='specdec_trace_')
+  jax.profiler.start_trace(logdir)
+  try:
+    start = time.perf_counter()
+    for _ in range(calls):
+      jax.block_until_ready(fn())
+    wall = (time.perf_counter() - start) / calls
+  finally:
+    jax.profiler.stop_trace()
+  paths = sorted(glob.glob(os.path.join(logdir, 'plugins', 'profile', '*', '*.xplane.pb')))
+  if not paths:
+    raise RuntimeError(f'jax.profiler wrote no trace under {logdir}.')
+  data = jax.profiler.ProfileData.from_file(paths[-1])
+  planes = list(data.planes)
+  has_device = any(p.name.startswith('/device:') for p in planes)
+  exclusive, counts = collections.defaultdict(float), collections.Counter()
+  for plane in planes:
+    for line in plane.lines:
+      if not _is_op_line(plane.name, line.name, has_device):
+        continue
+      stack = []
+      for begin, duration, name in sorted((e.start_ns, e.duration_ns, e.name) for e in line.events):
+        if name.startswith('end: '):  # zero-length markers
+          continue
+        while stack and stack[-1][0] + stack[-1][1] <= begin:
+          stack.pop()
+        if stack:
+          exclusive[stack[-1][2]] -= duration
+        exclusive[name] += duration
+        counts[name] += 1
+        stack.append((begin, duration, name))
+  families, family_counts = collections.defaultdict(float), collections.Counter()
+  for name, ns in exclusive.items():
+    if 'wait for completion' in name:  # the client thread idling while the pool works
+      continue
+    families[_kernel_family(name)] += ns
+    family_counts[_kernel_family(name)] += counts[name]
+  total = sum(families.values())
+  rows = [{'kernel': k, 'ms_per_call': v / 1e6 / calls, 'share': v / total if total else 0.0,
+           'launches_per_call': family_counts[k] / calls}
+          for k, v in sorted(families.items(), key=lambda kv: -kv[1])]
+  top = [{'kernel': k, 'ms_per_call': v / 1e6 / calls, 'launches_per_call': counts[k] / calls}
+         for k, v in sorted(exclusive.items(), key=lambda kv: -kv[1])
+         if 'wait for completion' not in k][:15]
+  return {'wall_ms_per_call': 1000 * wall, 'busy_ms_per_call': total / 1e6 / calls,
+          'families': rows, 'top_kernels': top, 'device': has_device}

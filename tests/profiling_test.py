@@ -157,3 +157,50 @@ def test_unknown_part_is_refused(pair):
   with pytest.raises(ValueError, match='parts'):
     profiling.time_phases(tm, tp, dm, dp, _batch()['encoder_input_tokens'], np.asarray([5, 1]), 10, 2,
                           parts=('draft', 'nonsense'))
+
+
+def test_fit_fixed_and_per_step_recovers_a_line():
+  fit = profiling.fit_fixed_and_per_step([3, 10, 20, 7], [0.003 + 0.002 * n for n in (3, 10, 20, 7)])
+  assert fit['fixed_s'] == pytest.approx(0.003)
+  assert fit['per_step_s'] == pytest.approx(0.002)
+  assert fit['rms_residual_s'] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_fit_fixed_and_per_step_refuses_what_it_cannot_separate():
+  with pytest.raises(ValueError, match='two distinct step counts'):
+    profiling.fit_fixed_and_per_step([5, 5, 5], [1.0, 1.1, 0.9])
+  with pytest.raises(ValueError, match='one length'):
+    profiling.fit_fixed_and_per_step([1, 2], [1.0, 2.0, 3.0])
+
+
+def test_fitted_costs_by_hand():
+  # baseline 1 ms + 0.5 ms/token; speculative 2 ms + 1.5 ms/round: a round is 3 baseline tokens.
+  rows = [{'tokens': t, 'target_calls': r, 'baseline_s': 1e-3 + 5e-4 * t, 'speculative_s': 2e-3 + 1.5e-3 * r}
+          for t, r in ((10, 4), (20, 9), (6, 2))]
+  fit = profiling.fitted_costs(rows)
+  assert fit['baseline_fixed_s'] == pytest.approx(1e-3)
+  assert fit['speculative_fixed_s'] == pytest.approx(2e-3)
+  assert fit['round_in_baseline_tokens'] == pytest.approx(3.0)
+  assert fit['tokens_per_round'] == pytest.approx(36 / 15)
+
+
+def test_kernel_family_strips_instance_numbers():
+  assert profiling._kernel_family('ynn_fusion.135') == 'ynn_fusion'
+  assert profiling._kernel_family('copy.1.2') == 'copy'
+  assert profiling._kernel_family('ThunkExecutor::Execute') == 'ThunkExecutor::Execute'
+
+
+def test_trace_kernel_breakdown_sees_the_kernels(tmp_path):
+  w = jnp.asarray(np.random.RandomState(0).randn(64, 64).astype(np.float32))
+
+  @jax.jit
+  def looped(x):
+    return jax.lax.fori_loop(0, 20, lambda i, x: jnp.tanh(x @ w), x)
+
+  x = jnp.ones((4, 64), jnp.float32)
+  report = profiling.trace_kernel_breakdown(lambda: looped(x), calls=2, logdir=str(tmp_path))
+  assert report['families'], report
+  assert report['busy_ms_per_call'] > 0 and math.isfinite(report['wall_ms_per_call'])
+  assert sum(r['share'] for r in report['families']) == pytest.approx(1.0)
+  # The 20 matmuls run as 20 launches of some kernel family per call.
+  assert max(r['launches_per_call'] for r in report['families']) >= 20

@@ -317,3 +317,32 @@ def test_static_greedy():
 def test_sample_greedy_takes_argmax_without_randomness():
   logp = sampling.adjusted_log_probs(jnp.array([[0.1, 3.0, -1.0], [2.0, 0.0, 1.0]]), 0.0)
   np.testing.assert_array_equal(sampling.sample(None, logp, greedy=True), [1, 0])
+
+
+@pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
+def test_argmax_equals_jnp_argmax(dtype):
+  rng = np.random.default_rng(0)
+  cases = [rng.normal(size=(3, 4, 8192)),
+           rng.integers(0, 3, size=(6, 50)).astype(np.float64),  # many ties: first index wins
+           np.array([[-np.inf] * 5, [1.0, np.inf, 2.0, np.inf, 0.0], [np.inf] * 5]),
+           np.array([[1.0, np.nan, 3.0, np.nan], [np.nan] * 4, [2.0, 5.0, 5.0, np.nan]])]
+  for x in cases:
+    x = jnp.asarray(x, dtype)
+    want = np.asarray(jnp.argmax(x, axis=-1))
+    got = sampling.argmax(x)
+    assert got.dtype == jnp.int32
+    np.testing.assert_array_equal(np.asarray(got), want)
+    np.testing.assert_array_equal(np.asarray(jax.jit(sampling.argmax)(x)), want)
+
+
+def test_argmax_and_top_prob():
+  rng = np.random.default_rng(1)
+  logits = jnp.asarray(rng.normal(size=(5, 2, 300)) * 4, jnp.float32)
+  token, top = sampling.argmax_and_top_prob(logits)
+  np.testing.assert_array_equal(np.asarray(token), np.asarray(jnp.argmax(logits, -1)))
+  want = np.max(np.asarray(jax.nn.softmax(logits, axis=-1)), axis=-1)
+  np.testing.assert_allclose(np.asarray(top), want, rtol=1e-6)
+  # A one-hot-like row (others at -inf) is certain; a flat row has top 1/V.
+  token, top = sampling.argmax_and_top_prob(jnp.array([[0.0, -jnp.inf, -jnp.inf], [2.0, 2.0, 2.0]]))
+  np.testing.assert_array_equal(np.asarray(token), [0, 0])
+  np.testing.assert_allclose(np.asarray(top), [1.0, 1 / 3], rtol=1e-6)

@@ -56,7 +56,7 @@ def _ablate_args(tmp_path, **overrides):
     (models / name / 'config.json').write_text('{"name": "%s"}' % name)
     (models / name / 'params.msgpack').write_bytes(name.encode())
   fields = dict(models=str(models), out=str(tmp_path / 'out'), max_examples=4, repeats=1, seed=0,
-                overwrite=False, corpus_dir=None)
+                overwrite=False, corpus_dir=None, draft_confidence=0.0)
   fields.update(overrides)
   return argparse.Namespace(**fields)
 
@@ -69,6 +69,21 @@ def _finish(plan):
   fingerprint.prepare(plan['dir'], plan['fingerprint'], benchmark.OUTPUT_FILES)
   with open(os.path.join(plan['dir'], 'benchmark.json'), 'w') as f:
     f.write('{}')
+
+
+def test_ablate_adaptive_runs_and_drafters_given_as_paths(tmp_path):
+  args = _ablate_args(tmp_path, draft_confidence=0.5)
+  elsewhere = tmp_path / 'other_family' / 'bigram'
+  elsewhere.mkdir(parents=True)
+  (elsewhere / 'config.json').write_text('{"name": "bigram"}')
+  [plain, path] = ablate.plan_runs(args, GRID + [(str(elsewhere), 'ende', 0.0, 2)])
+  assert plain['name'] == 'ende_d1_t0_g2_c0.5' and plain['setting'].draft_confidence == 0.5
+  assert path['name'] == 'ende_bigram_t0_g2_c0.5'
+  assert ablate._drafter_dir(args, str(elsewhere)) == str(elsewhere)
+  assert ablate._drafter_dir(args, 'd1') == os.path.join(args.models, 'd1')
+  # An adaptive run is a different configuration from the fixed-γ one.
+  [fixed] = ablate.plan_runs(_ablate_args(tmp_path), GRID)
+  assert fixed['fingerprint'] != plain['fingerprint']
 
 
 def test_ablate_keeps_a_finished_run_of_the_same_configuration(tmp_path):
