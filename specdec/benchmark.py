@@ -439,10 +439,25 @@ def summarize(records: Sequence[Mapping[str, Any]], costs: Mapping[str, float], 
       'identical_rate': float(np.mean(identical)) if setting.temperature == 0 else None,
       'mismatches': mismatches,
       'in_loop': dict(in_loop) if in_loop else None,
+      'fitted': _fitted_costs(records),
       'predicted_speedup_in_loop': (profiling.predicted_speedup_in_loop(
           in_loop, [r['baseline_tokens'] for r in records], [r['target_calls'] for r in records])
                                     if in_loop else None),
   }
+
+
+def _fitted_costs(records: Sequence[Mapping[str, Any]]) -> Optional[Dict[str, float]]:
+  """Fixed and per-step costs of both decoders fitted over the examples (`profiling.fitted_costs`): what a
+  round costs in the real loop. Batch 1 only (a batch's time is its slowest row's); None when it cannot be fitted."""
+  if (not records or any(r.get('batch_rows', 1) != 1 for r in records)
+      or len({r.get('batch') for r in records}) != len(records)):
+    return None
+  rows = [{'tokens': r['baseline_tokens'], 'target_calls': r['target_calls'], 'baseline_s': r['baseline_s'],
+           'speculative_s': r['speculative_s']} for r in records]
+  try:
+    return profiling.fitted_costs(rows)
+  except ValueError:  # every example took the same number of steps
+    return None
 
 
 def _finite_or_none(x: float) -> Optional[float]:
@@ -518,6 +533,12 @@ def markdown(summary: Mapping[str, Any]) -> str:
         f"| predicted speedup, in-loop costs | {s['predicted_speedup_in_loop']:.2f}× "
         f"(measured / predicted {s['speedup'] / s['predicted_speedup_in_loop']:.2f}) |",
     ]
+  if s.get('fitted'):
+    fit = s['fitted']
+    lines.append(
+        f"| the real loop (fitted over the examples): round / baseline token | {fit['round_in_baseline_tokens']:.2f} "
+        f"({1000 * fit['round_s']:.3f} / {1000 * fit['baseline_token_s']:.3f} ms), "
+        f"{fit['tokens_per_round']:.2f} tokens a round |")
   if s['identical_rate'] is not None:
     lines.append(f"| identical greedy outputs | {100 * s['identical_rate']:.1f}% "
                  f"({s['examples'] - len(s['mismatches'])}/{s['examples']}) |")

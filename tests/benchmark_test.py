@@ -542,3 +542,22 @@ def test_run_command_is_relative_to_the_repository(tmp_path, monkeypatch):
   (tmp_path / 'scripts').mkdir()
   assert benchmark.run_command([str(tmp_path / 'scripts' / 'ablate.py'), 'gamma']) == (
       'python scripts/ablate.py gamma')
+
+
+def test_summarize_fits_the_real_loop_costs_at_batch_1():
+  # Baseline 2 ms + 1 ms/token, speculative 3 ms + 2.5 ms/round: a real round costs 2.5 baseline tokens.
+  records = [_record(i, i, 0.002 + 0.001 * tokens, 0.003 + 0.0025 * calls, calls=calls, accepted_at=[0, 0, 0],
+                     judged=calls, drafted=calls, emitted=tokens, overlap_sum=0.0, overlap_count=calls,
+                     tokens=tokens)
+             for i, (tokens, calls) in enumerate(((10, 4), (20, 7), (6, 3)))]
+  for r in records:
+    r['batch_rows'] = 1
+  s = benchmark.summarize(records, COSTS, benchmark.Setting(gamma=GAMMA, temperature=0.0))
+  assert s['fitted']['round_in_baseline_tokens'] == pytest.approx(2.5)
+  assert s['fitted']['speculative_fixed_s'] == pytest.approx(0.003)
+  assert s['fitted']['tokens_per_round'] == pytest.approx(36 / 14)
+  s.update(_full_summary(records))
+  assert '| the real loop (fitted over the examples): round / baseline token | 2.50 (2.500 / 1.000 ms)' in (
+      benchmark.markdown(s))
+  # Batches of two rows share one wall time: no fit.
+  assert benchmark.summarize(_records(), COSTS, benchmark.Setting(gamma=GAMMA))['fitted'] is None
