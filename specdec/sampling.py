@@ -165,7 +165,29 @@ def sample(rng: jax.Array, logp_xv: jax.Array, greedy: bool = False) -> jax.Arra
   """
   if greedy:
     return argmax(logp_xv)
-  return jax.random.categorical(rng, logp_xv, axis=-1).astype(jnp.int32)
+  return inverse_cdf_sample(rng, logp_xv)
+
+
+def inverse_cdf_sample(rng: jax.Array, logp_xv: jax.Array) -> jax.Array:
+  """One draw per row from (possibly unnormalised) log-probabilities, by
+  inverting the cumulative distribution with ONE uniform number per row.
+
+  The same distribution as `jax.random.categorical` (Gumbel-max, which draws
+  one random number per vocabulary entry): on CPU, generating 8192 random
+  numbers a row costs ~270 µs, a cumulative sum and a count ~40 µs, and the
+  decode loops draw one token per step (the baseline) or per draft and per
+  verification (speculative). Token i is drawn iff cdf[i-1] <= u·total <
+  cdf[i], i.e. with probability p_i; a token with no mass (p_i = 0) has
+  cdf[i] = cdf[i-1] and is never drawn, and u·total is kept below the total,
+  so float rounding cannot step past the last token with mass.
+  """
+  logp_xv = logp_xv.astype(jnp.float32)
+  p_xv = jnp.exp(logp_xv - jnp.max(logp_xv, axis=-1, keepdims=True))
+  cdf_xv = jnp.cumsum(p_xv, axis=-1)
+  total_x1 = cdf_xv[..., -1:]
+  u_x1 = jax.random.uniform(rng, total_x1.shape, jnp.float32)
+  threshold_x1 = jnp.minimum(u_x1 * total_x1, jnp.nextafter(total_x1, 0.0))
+  return jnp.sum(cdf_xv <= threshold_x1, axis=-1).astype(jnp.int32)
 
 
 def token_log_prob(logp_xv: jax.Array, tokens_x: jax.Array) -> jax.Array:

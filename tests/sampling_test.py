@@ -346,3 +346,35 @@ def test_argmax_and_top_prob():
   token, top = sampling.argmax_and_top_prob(jnp.array([[0.0, -jnp.inf, -jnp.inf], [2.0, 2.0, 2.0]]))
   np.testing.assert_array_equal(np.asarray(token), [0, 0])
   np.testing.assert_allclose(np.asarray(top), [1.0, 1 / 3], rtol=1e-6)
+
+
+def test_inverse_cdf_sample_matches_the_distribution():
+  # 200k draws from a peaked 64-word distribution with zero-mass words: frequencies within 5 standard errors,
+  # no zero-mass word ever drawn, and the same histogram as jax.random.categorical's within the same bound.
+  rng = np.random.default_rng(3)
+  logits = rng.normal(size=64) * 2.5
+  logits[[0, 7, 63]] = -np.inf  # masked, e.g. by top-k: never drawn (63 is the last word)
+  logp = jnp.asarray(logits - np.logaddexp.reduce(logits[np.isfinite(logits)]), jnp.float32)
+  n = 200_000
+  rows = jnp.broadcast_to(logp, (n, 64))
+  draws = np.asarray(sampling.inverse_cdf_sample(jax.random.PRNGKey(0), rows + 1.5))  # unnormalised is fine
+  assert draws.dtype == np.int32 and draws.min() >= 0 and draws.max() < 64
+  freq = np.bincount(draws, minlength=64) / n
+  p = np.exp(np.asarray(logp))
+  assert freq[[0, 7, 63]].sum() == 0
+  se = np.sqrt(p * (1 - p) / n) + 1e-9
+  assert np.all(np.abs(freq - p) < 5 * se + 1e-6), np.max(np.abs(freq - p) / se)
+  gumbel = np.bincount(np.asarray(jax.random.categorical(jax.random.PRNGKey(1), rows)), minlength=64) / n
+  assert np.all(np.abs(freq - gumbel) < 5 * np.sqrt(2) * se + 1e-6)
+
+
+def test_inverse_cdf_sample_edge_rows():
+  # One word with all the mass; mass only on the last word; a uniform row's draws spread over all words.
+  one = jnp.full((4, 10), -jnp.inf).at[:, 3].set(0.0)
+  last = jnp.full((4, 10), -jnp.inf).at[:, 9].set(-5.0)
+  for seed in range(20):
+    key = jax.random.PRNGKey(seed)
+    np.testing.assert_array_equal(sampling.inverse_cdf_sample(key, one), 3)
+    np.testing.assert_array_equal(sampling.inverse_cdf_sample(key, last), 9)
+  flat = np.asarray(sampling.inverse_cdf_sample(jax.random.PRNGKey(0), jnp.zeros((5000, 10))))
+  assert set(flat.tolist()) == set(range(10))
