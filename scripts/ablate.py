@@ -59,7 +59,8 @@ def _drafter_dir(args, drafter: str) -> str:
 
 
 def _drafter_label(drafter: str) -> str:
-  return os.path.basename(os.path.normpath(drafter)) if os.sep in drafter else drafter
+  # A path keeps its folders in the run's name: models/cpu/bigram and models/cpu_v2's bigram are two runs.
+  return os.path.normpath(drafter).replace(os.sep, '_')
 
 
 def refusals(plans):

@@ -1,6 +1,10 @@
 """Fits the unigram and bigram drafters on the local training targets.
 
   python scripts/build_ngram_drafters.py --out models/cpu
+  python scripts/build_ngram_drafters.py --out models/cpu_v2 --corpus_dir data/distill_greedy_v2 --only bigram
+
+With --corpus_dir a distillation corpus (scripts/build_distill_corpus.py: the train targets replaced by a
+target model's greedy decodes), the counts are the target's own bigrams: a drafter aligned to that target.
 
 Counts come from the `targets` of the train split of every task in the
 mixture (through seqio, so tokenization and EOS match the networks').
@@ -9,6 +13,7 @@ Writes <out>/unigram and <out>/bigram (config.json + counts.npz).
 
 import argparse
 import hashlib
+import os
 import time
 
 import seqio
@@ -24,7 +29,14 @@ def main():
   parser.add_argument('--vocab_size', type=int, default=8192)
   parser.add_argument('--prior', type=float, default=1.0)
   parser.add_argument('--targets_length', type=int, default=48)
+  parser.add_argument('--corpus_dir', default=None,
+                      help='local corpus to count (default: the built corpus, data/corpus)')
+  parser.add_argument('--only', choices=('unigram', 'bigram'), default=None, help='write just this drafter')
   args = parser.parse_args()
+  if args.corpus_dir is not None:
+    if not os.path.isdir(args.corpus_dir):
+      parser.error(f'--corpus_dir {args.corpus_dir} does not exist')
+    tasks.register_local_tasks(args.corpus_dir)
 
   start = time.time()
   sequences, digest = [], hashlib.sha256()
@@ -42,15 +54,20 @@ def main():
   unigram, bigram = ngram.count(sequences, args.vocab_size)
   print(f'{int(unigram.sum())} tokens, {len(bigram)} distinct bigrams')
   for order, name in ((1, 'unigram'), (2, 'bigram')):
+    if args.only and name != args.only:
+      continue
     config = ngram.NgramConfig(args.vocab_size, order=order, prior=args.prior)
     ngram.save(f'{args.out}/{name}', config, unigram,
                bigram if order == 2 else bigram[:0],
                extra={'data': {'mixture': args.mixture, 'split': 'train',
+                               'corpus_dir': args.corpus_dir or tasks.DEFAULT_CORPUS_DIR,
                                'targets_length': args.targets_length,
                                'sequences': len(sequences),
                                'tokens_sha256': digest.hexdigest()},
                       'command': 'python scripts/build_ngram_drafters.py '
-                                 f'--out {args.out} --prior {args.prior}'})
+                                 f'--out {args.out} --prior {args.prior}'
+                                 + (f' --corpus_dir {args.corpus_dir}' if args.corpus_dir else '')
+                                 + (f' --only {args.only}' if args.only else '')})
     print(f'wrote {args.out}/{name}')
 
 

@@ -78,7 +78,7 @@ def test_ablate_adaptive_runs_and_drafters_given_as_paths(tmp_path):
   (elsewhere / 'config.json').write_text('{"name": "bigram"}')
   [plain, path] = ablate.plan_runs(args, GRID + [(str(elsewhere), 'ende', 0.0, 2)])
   assert plain['name'] == 'ende_d1_t0_g2_c0.5' and plain['setting'].draft_confidence == 0.5
-  assert path['name'] == 'ende_bigram_t0_g2_c0.5'
+  assert path['name'] == 'ende_' + os.path.normpath(str(elsewhere)).replace(os.sep, '_') + '_t0_g2_c0.5'
   assert ablate._drafter_dir(args, str(elsewhere)) == str(elsewhere)
   assert ablate._drafter_dir(args, 'd1') == os.path.join(args.models, 'd1')
   # An adaptive run is a different configuration from the fixed-γ one.
