@@ -448,3 +448,32 @@ def trace_kernel_breakdown(fn: Callable[[], Any], calls: int = 3, logdir: Option
          if 'wait for completion' not in k][:15]
   return {'wall_ms_per_call': 1000 * wall, 'busy_ms_per_call': total / 1e6 / calls,
           'families': rows, 'top_kernels': top, 'device': has_device}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Is the baseline the fastest loop on this backend?
+# ----------------------------------------------------------------------------------------------------------
+
+
+def widened_decode_fn(width: int) -> Callable[..., Any]:
+  """`decoding.temperature_sample` whose target calls carry `width` tokens a row instead of one: the step's
+  token, repeated; only the first position's logits are used, and the extra keys/values written past it are
+  overwritten by the next steps (a query never sees positions beyond its own). The same outputs as the
+  1-token loop; on a backend where a k-token call is cheaper than a 1-token one (small matmuls take another
+  kernel path) it would be the faster baseline, so `scripts/profile_decode.py` times it beside T5X's loop.
+  """
+  if isinstance(width, bool) or not isinstance(width, int) or width < 1:
+    raise ValueError(f'width must be an int >= 1, got {width!r}.')
+
+  def decode(**kwargs):
+    tokens_to_logits = kwargs['tokens_to_logits']
+
+    def wide(state: decoding.DecodingState):
+      tokens_bw = jnp.tile(state.cur_token, (1, width))
+      logits_bwv, cache = tokens_to_logits(decoding.DecodingState(
+          cur_index=state.cur_index, sequences=state.sequences, cur_token=tokens_bw, cache=state.cache))
+      return logits_bwv[:, :1], cache
+
+    return decoding.temperature_sample(**dict(kwargs, tokens_to_logits=wide))
+
+  return decode

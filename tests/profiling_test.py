@@ -204,3 +204,18 @@ def test_trace_kernel_breakdown_sees_the_kernels(tmp_path):
   assert sum(r['share'] for r in report['families']) == pytest.approx(1.0)
   # The 20 matmuls run as 20 launches of some kernel family per call.
   assert max(r['launches_per_call'] for r in report['families']) >= 20
+
+
+def test_widened_baseline_gives_the_same_outputs(pair):
+  (module, params), _ = pair
+  batch = _batch(rows=2)
+  base = models.SpeculativeEncoderDecoderModel(module, None, decode_fn=decoding.temperature_sample)
+  for width in (2, 3):
+    wide = models.SpeculativeEncoderDecoderModel(module, None, decode_fn=profiling.widened_decode_fn(width))
+    for temperature in (0.0, 1.0):
+      settings = {'temperature': temperature, 'topk': 0, 'topp': 0.0}
+      want = base.compile_predict(settings)({'target': params}, batch, jax.random.PRNGKey(0))[0]
+      got = wide.compile_predict(settings)({'target': params}, batch, jax.random.PRNGKey(0))[0]
+      np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+  with pytest.raises(ValueError, match='width'):
+    profiling.widened_decode_fn(0)
