@@ -60,7 +60,8 @@ def main():
     ngram.save(f'{args.out}/{name}', config, unigram,
                bigram if order == 2 else bigram[:0],
                extra={'data': {'mixture': args.mixture, 'split': 'train',
-                               'corpus_dir': args.corpus_dir or tasks.DEFAULT_CORPUS_DIR,
+                               # As given (None: the built corpus): never this machine's absolute path.
+                               'corpus_dir': args.corpus_dir,
                                'targets_length': args.targets_length,
                                'sequences': len(sequences),
                                'tokens_sha256': digest.hexdigest()},

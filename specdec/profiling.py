@@ -23,6 +23,7 @@ import dataclasses
 import glob
 import os
 import re
+import tempfile
 import time
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
@@ -400,7 +401,6 @@ def trace_kernel_breakdown(fn: Callable[[], Any], calls: int = 3, logdir: Option
   executor's own overhead, ...). Milliseconds per call. On CPU the kernels are the XLA thunks on the
   compute threads; on GPU/TPU the device planes' op lines.
   """
-  import tempfile  # pylint: disable=g-import-not-at-top
   jax.block_until_ready(fn())
   logdir = logdir or tempfile.mkdtemp(prefix='specdec_trace_')
   jax.profiler.start_trace(logdir)

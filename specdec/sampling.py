@@ -67,7 +67,11 @@ def argmax(x_xv: jax.Array) -> jax.Array:
   speculative loop's greedy token alike (`tests/sampling_test.py` checks it
   equals `jnp.argmax`, ties, infinities and NaNs included).
   """
-  max_x1 = jnp.max(x_xv, axis=-1, keepdims=True)
+  return _first_index_of(x_xv, jnp.max(x_xv, axis=-1, keepdims=True))
+
+
+def _first_index_of(x_xv: jax.Array, max_x1: jax.Array) -> jax.Array:
+  """The first index where x equals its row maximum `max_x1` (or is NaN) [..] int32."""
   index_xv = jax.lax.broadcasted_iota(jnp.int32, x_xv.shape, x_xv.ndim - 1)
   # NaN: max is NaN, nothing equals it; the first NaN is what jnp.argmax picks.
   hit_xv = (x_xv == max_x1) | jnp.isnan(x_xv)
@@ -82,11 +86,8 @@ def argmax_and_top_prob(logits_xv: jax.Array) -> Tuple[jax.Array, jax.Array]:
   """
   logits_xv = logits_xv.astype(jnp.float32)
   max_x1 = jnp.max(logits_xv, axis=-1, keepdims=True)
-  index_xv = jax.lax.broadcasted_iota(jnp.int32, logits_xv.shape, logits_xv.ndim - 1)
-  hit_xv = (logits_xv == max_x1) | jnp.isnan(logits_xv)
-  token_x = jnp.min(jnp.where(hit_xv, index_xv, logits_xv.shape[-1]), axis=-1)
   top_prob_x = 1.0 / jnp.sum(jnp.exp(logits_xv - max_x1), axis=-1)
-  return token_x, top_prob_x
+  return _first_index_of(logits_xv, max_x1), top_prob_x
 
 
 def _topk_mask(logits_xv: jax.Array, topk: int) -> jax.Array:
