@@ -34,7 +34,8 @@ from specdec import tasks
 
 TASKS = {'ende': tasks.ENDE_LOCAL_TASK, 'summarize': tasks.SUMMARIZE_LOCAL_TASK}
 NETWORKS = ('target', 'd1', 'd1kd', 'd1s', 'd2', 'd3')  # each evaluated if <models>/<name> exists
-DRAFTERS = ('unigram', 'bigram', 'd3', 'd2', 'd1s', 'd1kd', 'd1')
+NGRAMS = ('unigram', 'bigram', 'trigram')
+DRAFTERS = NGRAMS + ('d3', 'd2', 'd1s', 'd1kd', 'd1')
 # PAPER.md Table 3, T5-XXL rows (t=0 / t=1); the paper's drafters differ.
 PAPER_TABLE3 = {
     'ende': {'unigram': (0.08, 0.07), 'bigram': (0.20, 0.19),
@@ -145,7 +146,7 @@ def main():
   started = time.time()
 
   loaded = {}
-  for name in NETWORKS + ('unigram', 'bigram'):
+  for name in NETWORKS + NGRAMS:
     path = os.path.join(args.models, name)
     if os.path.isdir(path):
       loaded[name] = checkpoints.load_module_and_params(path)
@@ -187,7 +188,7 @@ def main():
   for name, entry in ({} if args.no_cards else report['models']).items():
     _write(os.path.join(args.models, name, 'MODEL_CARD.md'),
            model_card(name, loaded[name][0].config, entry, report))
-  for name in ('unigram', 'bigram'):
+  for name in NGRAMS:
     if name in report['acceptance'] and not args.no_cards:
       _write(os.path.join(args.models, name, 'MODEL_CARD.md'),
              ngram_card(name, os.path.join(args.models, name), report))
@@ -226,11 +227,12 @@ def acceptance_table(report):
   for name, per_task in report['acceptance'].items():
     for key, e in per_task.items():
       task, temp = key.split('/t=')
-      paper = PAPER_TABLE3[task][PAPER_DRAFTER_FOR[name]][0 if temp == '0' else 1]
+      role = PAPER_DRAFTER_FOR.get(name)  # the trigram has no paper row
+      paper = (f"{PAPER_TABLE3[task][role][0 if temp == '0' else 1]:.2f} ({role})" if role else '-')
       lines.append(
           f"| {task} | {temp} | {name} | {e['alpha_sum_min_pq']:.3f} | "
           f"{e['alpha_accepted_over_judged']:.3f} | {e['tokens_per_target_call']:.2f} | "
-          f"{e.get('identical_outputs', '')} | {paper:.2f} ({PAPER_DRAFTER_FOR[name]}) |")
+          f"{e.get('identical_outputs', '')} | {paper} |")
   return '\n'.join(lines) + '\n'
 
 
@@ -260,15 +262,20 @@ def model_card(name, config, entry, report):
 def ngram_card(name, directory, report):
   with open(os.path.join(directory, checkpoints.CONFIG_FILE)) as f:
     meta = json.load(f)
+  data = meta.get('data', {})
   rows = '\n'.join(
-      f"- {key}: α {e['alpha_sum_min_pq']:.3f}, {e['tokens_per_target_call']:.2f} tokens per target call"
+      f"  - {key}: α {e['alpha_sum_min_pq']:.3f}, {e['tokens_per_target_call']:.2f} tokens per target call"
       + (f", greedy identical {e['identical_outputs']}" if 'identical_outputs' in e else '')
       for key, e in report['acceptance'][name].items())
+  source = ('the references of the local corpus' if not data.get('decodes_of') else
+            f"`{data['decodes_of']}`'s own {data.get('decoding', '')} decodes of the training inputs "
+            f"(`{data['corpus_dir']}`, made by `{data.get('corpus_command', 'scripts/build_distill_corpus.py')}`)")
   return f"""# Model card: {name}
 
-- An {name} language model over the target vocabulary, fitted from token counts of the training targets
-  (specdec/ngram.py; it ignores the encoder input). Config: {json.dumps(meta['ngram_config'])}.
-- Data: {json.dumps(meta.get('data', {}))}.
+- A {name} language model over the target vocabulary (specdec/ngram.py; it ignores the encoder input), fitted
+  from the token counts of the train targets: {source}.
+  Config: {json.dumps(meta['ngram_config'])}.
+- Data: {json.dumps(data)}.
 - Built by `{meta.get('command', 'python scripts/build_ngram_drafters.py')}` (seconds on 2 CPU cores).
 - As a drafter for `target` (γ = {report['gamma']}, first {report['max_examples']} test examples per task):
 {rows}

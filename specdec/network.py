@@ -813,6 +813,7 @@ CACHE_LOGICAL_AXES: Mapping[str, tuple[str, ...]] = {
     'cached_value': ('batch', 'length', 'heads', 'kv'),
     'encoded_key': ('batch', 'length', 'heads', 'kv'),
     'encoded_value': ('batch', 'length', 'heads', 'kv'),
+    'decoded_tokens': ('batch', 'length'),  # the trigram drafter's history (ngram.py)
 }
 
 

@@ -49,6 +49,23 @@ def median_seconds(fn: Callable[..., Any], *args, repeats: int = 5) -> float:
   return float(np.median(times))
 
 
+def _fresh_cache(module, params, enc: jax.Array, max_decode_length: int):
+  """The decode cache of `module` for encoder inputs `enc` (encoded once)."""
+  encoded = module.apply({'params': params}, enc, enable_dropout=False, method=module.encode)
+  _, variables = module.apply({'params': params}, encoded, enc, max_decode_length,
+                              method=module.init_cache, mutable=['cache'])
+  return variables.get('cache', {})
+
+
+def _call(module, params, cache, tokens_bk, position):
+  """One `decode_step` at `position` for every row: (new cache, last position's argmax [B])."""
+  rows = tokens_bk.shape[0]
+  logits, new_vars = module.apply({'params': params, 'cache': cache}, tokens_bk,
+                                  jnp.full((rows,), position, jnp.int32),
+                                  method=module.decode_step, mutable=['cache'])
+  return new_vars.get('cache', {}), sampling.argmax(logits[:, -1])
+
+
 def time_decode_calls(module, params, encoder_input_tokens: np.ndarray, max_decode_length: int,
                       num_new_tokens: int, num_calls: int = 32, repeats: int = 5) -> float:
   """Median seconds of one `decode_step` call with `num_new_tokens` tokens per row.
@@ -57,10 +74,7 @@ def time_decode_calls(module, params, encoder_input_tokens: np.ndarray, max_deco
   of a real encoded input, so dispatch overhead is not counted.
   """
   enc = jnp.asarray(encoder_input_tokens)
-  encoded = module.apply({'params': params}, enc, enable_dropout=False, method=module.encode)
-  _, variables = module.apply({'params': params}, encoded, enc, max_decode_length,
-                              method=module.init_cache, mutable=['cache'])
-  cache0 = variables.get('cache', {})
+  cache0 = _fresh_cache(module, params, enc, max_decode_length)
   rows = enc.shape[0]
   span = max(max_decode_length - num_new_tokens, 1)
 
@@ -69,13 +83,45 @@ def time_decode_calls(module, params, encoder_input_tokens: np.ndarray, max_deco
     # params are arguments, not constants folded into the program: the decode loops get them that way.
     def body(cache, i):
       tokens = jnp.full((rows, num_new_tokens), 3, jnp.int32)
-      logits, new_vars = module.apply({'params': params, 'cache': cache}, tokens,
-                                      jnp.full((rows,), i % span, jnp.int32),
-                                      method=module.decode_step, mutable=['cache'])
-      return new_vars.get('cache', {}), jnp.argmax(logits[:, -1], axis=-1)
+      return _call(module, params, cache, tokens, i % span)
     return jax.lax.scan(body, cache, jnp.arange(num_calls))
 
   return median_seconds(calls, params, cache0, repeats=repeats) / num_calls
+
+
+def time_chained_calls(target_module, target_params, drafter_module, drafter_params,
+                       encoder_input_tokens: np.ndarray, max_decode_length: int, num_new_tokens: int,
+                       draft_steps: int, num_calls: int = 32, repeats: int = 5) -> float:
+  """Median seconds of one target call of `num_new_tokens` followed by `draft_steps` drafter calls.
+
+  Each call is fed the previous call's argmax, a dependency chain as in the decode loop: a drafter call
+  cannot start before the target's finishes nor overlap it, and it runs with the target's weights just
+  streamed through the caches. Independent calls in one program (as `time_decode_calls` times a drafter
+  alone) can overlap on a multi-core CPU or run with the drafter's weights hot, so they understate what a
+  draft step costs inside the loop: compare (chained(γ) - chained(0)) / γ with the isolated drafter call.
+  """
+  enc = jnp.asarray(encoder_input_tokens)
+  target_cache0 = _fresh_cache(target_module, target_params, enc, max_decode_length)
+  draft_cache0 = _fresh_cache(drafter_module, drafter_params, enc, max_decode_length)
+  rows = enc.shape[0]
+  span = max(max_decode_length - num_new_tokens - draft_steps, 1)
+
+  @jax.jit
+  def calls(target_params, drafter_params, target_cache, draft_cache):
+    def body(carry, i):
+      target_cache, draft_cache, token_b = carry
+      position = i % span
+      target_cache, token_b = _call(target_module, target_params, target_cache,
+                                    jnp.broadcast_to(token_b[:, None], (rows, num_new_tokens)), position)
+      for j in range(draft_steps):
+        draft_cache, token_b = _call(drafter_module, drafter_params, draft_cache, token_b[:, None],
+                                     position + num_new_tokens + j)
+      return (target_cache, draft_cache, token_b), None
+    return jax.lax.scan(body, (target_cache, draft_cache, jnp.full((rows,), 3, jnp.int32)),
+                        jnp.arange(num_calls))
+
+  return median_seconds(calls, target_params, drafter_params, target_cache0, draft_cache0,
+                        repeats=repeats) / num_calls
 
 
 def measure_costs(target_module, target_params, drafter_module, drafter_params,
@@ -338,6 +384,31 @@ def predicted_speedup_in_loop(costs: Mapping[str, float], baseline_tokens, targe
 # ----------------------------------------------------------------------------------------------------------
 # Costs fitted to whole decodes.
 # ----------------------------------------------------------------------------------------------------------
+
+
+def time_side_by_side(decoders: Mapping[str, Callable[[Any, jax.Array], Any]], batches: Sequence[Any],
+                      repeats: int = 3) -> Dict[str, Dict[str, list]]:
+  """Per-example seconds of several decoders, interleaved: for each batch every decoder runs once per repeat.
+
+  `decoders` maps a name to `fn(batch, rng) -> outputs` (compiled; the first call per batch is untimed). A
+  machine's slow spells then hit every decoder alike, which separately timed runs (one decoder over all the
+  examples, then the next) do not: the ratios between decoders are what this measures. Each example keeps
+  its fastest repeat. Returns {name: {'seconds': [...], 'outputs': [...]}}, one entry per batch.
+  """
+  out = {name: {'seconds': [], 'outputs': []} for name in decoders}
+  for n, batch in enumerate(batches):
+    rng = jax.random.PRNGKey(n)
+    for name, fn in decoders.items():
+      out[name]['outputs'].append(jax.block_until_ready(fn(batch, rng)))
+    best = {name: float('inf') for name in decoders}
+    for _ in range(repeats):
+      for name, fn in decoders.items():
+        start = time.perf_counter()
+        jax.block_until_ready(fn(batch, rng))
+        best[name] = min(best[name], time.perf_counter() - start)
+    for name in decoders:
+      out[name]['seconds'].append(best[name])
+  return out
 
 
 def fit_fixed_and_per_step(steps: Sequence[float], seconds: Sequence[float]) -> Dict[str, float]:

@@ -219,3 +219,30 @@ def test_widened_baseline_gives_the_same_outputs(pair):
       np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
   with pytest.raises(ValueError, match='width'):
     profiling.widened_decode_fn(0)
+
+
+def test_time_chained_calls_is_positive_and_finite(pair):
+  (target, target_params), (drafter, drafter_params) = pair
+  enc = _batch()['encoder_input_tokens']
+  for steps in (0, 2):
+    t = profiling.time_chained_calls(target, target_params, drafter, drafter_params, enc,
+                                     max_decode_length=10, num_new_tokens=3, draft_steps=steps,
+                                     num_calls=3, repeats=2)
+    assert isinstance(t, float) and math.isfinite(t) and t > 0
+
+
+def test_time_side_by_side_interleaves_and_keeps_the_fastest_repeat():
+  calls = []
+
+  def decoder(name):
+    def fn(batch, rng):
+      calls.append((name, batch))
+      return jnp.asarray(batch) * 2
+    return fn
+
+  out = profiling.time_side_by_side({'a': decoder('a'), 'b': decoder('b')}, [1, 2], repeats=2)
+  # Per batch: one untimed call each, then the repeats alternate a, b.
+  assert calls == [('a', 1), ('b', 1), ('a', 1), ('b', 1), ('a', 1), ('b', 1),
+                   ('a', 2), ('b', 2), ('a', 2), ('b', 2), ('a', 2), ('b', 2)]
+  assert [int(x) for x in out['a']['outputs']] == [2, 4]
+  assert len(out['b']['seconds']) == 2 and all(s > 0 for s in out['b']['seconds'])

@@ -124,3 +124,27 @@ def test_ablate_refuses_runs_from_before_fingerprints(tmp_path):
     f.write('{}')
   [reason] = ablate.refusals([plan])
   assert 'holds benchmark.json written without a fingerprint.json' in reason and '--overwrite' in reason
+
+
+def test_compare_drafters_parses_runs_and_refuses_bad_ones():
+  import argparse
+  import compare_drafters  # pylint: disable=g-import-not-at-top
+  assert compare_drafters.parse_run('trigram:2') == ('trigram', 2)
+  assert compare_drafters.parse_run('models/cpu/d1:3') == ('models/cpu/d1', 3)
+  for bad in ('trigram', 'trigram:0', ':2', 'trigram:x'):
+    with pytest.raises(argparse.ArgumentTypeError, match='DRAFTER:GAMMA'):
+      compare_drafters.parse_run(bad)
+
+
+def test_compare_drafters_table():
+  import compare_drafters  # pylint: disable=g-import-not-at-top
+  report = {'task': 'specdec_ende_local', 'temperature': 0.0, 'command': 'python scripts/compare_drafters.py',
+            'date': '2026-12-02', 'machine': {'processor': 'x86_64', 'cpu_count': 2, 'jax': '0.10.2'},
+            'examples': 4, 'repeats': 3, 'baseline_seconds': 0.1, 'baseline_token_s': 0.002,
+            'rows': [{'run': 'trigram:1', 'alpha': 0.4, 'tokens_per_call': 1.4, 'round_in_baseline_tokens': 1.2,
+                      'speedup': 1.1, 'identical': True},
+                     {'run': 'bigram:1', 'alpha': 0.3, 'tokens_per_call': 1.3, 'round_in_baseline_tokens': 1.1,
+                      'speedup': 1.05, 'identical': False}]}
+  text = compare_drafters.markdown(report)
+  assert '| trigram:1 | 0.400 | 1.40 | 1.20 | **1.100×** | 100% |' in text
+  assert '| bigram:1 | 0.300 | 1.30 | 1.10 | **1.050×** | NO |' in text
