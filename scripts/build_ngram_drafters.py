@@ -44,9 +44,8 @@ def main():
     tasks.register_local_tasks(args.corpus_dir)
 
   decodes = {}
-  manifest_path = os.path.join(args.corpus_dir or '', 'manifest.json')
-  if args.corpus_dir is not None and os.path.exists(manifest_path):
-    with open(manifest_path) as f:
+  if args.corpus_dir is not None and os.path.exists(os.path.join(args.corpus_dir, 'manifest.json')):
+    with open(os.path.join(args.corpus_dir, 'manifest.json')) as f:
       manifest = json.load(f)
     if 'model' in manifest:  # a distillation corpus: the targets are a model's decodes
       decodes = {'decodes_of': manifest['model'], 'decoding': manifest.get('decoding'),
@@ -66,9 +65,12 @@ def main():
       n += 1
     print(f'{task.name}: {n} training targets ({time.time() - start:.0f} s)')
   unigram, bigram = ngram.count(sequences, args.vocab_size)
-  trigram = ngram.count_trigrams(sequences, args.vocab_size)
-  print(f'{int(unigram.sum())} tokens, {len(bigram)} distinct bigrams, {len(trigram)} distinct trigrams '
-        f'in {ngram.num_contexts(trigram)} contexts')
+  print(f'{int(unigram.sum())} tokens, {len(bigram)} distinct bigrams')
+  trigram, contexts = None, 0
+  if 'trigram' in args.only:  # counted only when written
+    trigram = ngram.count_trigrams(sequences, args.vocab_size)
+    contexts = ngram.num_contexts(trigram)
+    print(f'{len(trigram)} distinct trigrams in {contexts} contexts')
   command = ('python scripts/build_ngram_drafters.py '
              f'--out {args.out} --prior {args.prior}'
              + (f' --corpus_dir {args.corpus_dir}' if args.corpus_dir else '')
@@ -78,7 +80,7 @@ def main():
     if name not in args.only:
       continue
     config = ngram.NgramConfig(args.vocab_size, order=order, prior=args.prior, top_k=args.top_k,
-                               num_contexts=ngram.num_contexts(trigram) if order == 3 else 0)
+                               num_contexts=contexts if order == 3 else 0)
     ngram.save(f'{args.out}/{name}', config, unigram,
                bigram if order >= 2 else bigram[:0],
                trigram=trigram if order == 3 else None,

@@ -11,6 +11,7 @@ fitted to the real decodes in baseline tokens. Writes `results/compare/<run>.{md
 
 import argparse
 import datetime
+import functools
 import json
 import os
 import sys
@@ -47,15 +48,15 @@ def compare(args) -> dict:
   sampling_params = {'temperature': args.temperature, 'topk': 0, 'topp': 0.0}
   base = models.SpeculativeEncoderDecoderModel(target_module, None, decode_fn=decoding.temperature_sample)
   base_predict = base.compile_predict(sampling_params)
-  decoders = {'baseline': lambda batch, rng: base_predict({'target': target_params}, batch, rng)}
+  decoders = {'baseline': functools.partial(base_predict, {'target': target_params})}
   for drafter, gamma in args.runs:
     path = drafter if os.path.isdir(drafter) else os.path.join(args.models, drafter)
     drafter_module, drafter_params = checkpoints.load_module_and_params(path)
     spec = models.SpeculativeEncoderDecoderModel(target_module, drafter_module,
                                                  decode_fn=decoding.speculative_sample)
     predict = spec.compile_predict(dict(sampling_params, gamma=gamma, return_stats=True))
-    params = {'target': target_params, 'drafter': drafter_params}
-    decoders[f'{drafter}:{gamma}'] = (lambda p, f: lambda batch, rng: f(p, batch, rng))(params, predict)
+    decoders[f'{drafter}:{gamma}'] = functools.partial(
+        predict, {'target': target_params, 'drafter': drafter_params})
   timed = profiling.time_side_by_side(decoders, batches, repeats=args.repeats)
 
   base_tokens = [benchmark.num_tokens(np.asarray(out[0])[0], 1) for out in timed['baseline']['outputs']]
