@@ -1,12 +1,16 @@
 """Drafters and γ side by side against one baseline, interleaved example by example.
 
   python scripts/compare_drafters.py --models models/cpu_v2 --runs bigram:1 trigram:1 trigram:2 --temperature 0 --run v2_ngrams_t0
+  python scripts/compare_drafters.py --runs bigram:1 d1kd:1 --batch_size 8 --shrink both --run v2_batch8_t0
 
-For each of the first --examples test examples (batch 1) the baseline and every speculative setting run in turn,
---repeats times, keeping each example's fastest run (`profiling.time_side_by_side`): a slow spell of the machine
-hits all of them alike, so their ratios are steadier than those of separately timed benchmark rows (about ±0.05
-on 2 cores). Reports the speedup (Σ baseline / Σ speculative), α, tokens per target call and the per-round cost
-fitted to the real decodes in baseline tokens. Writes `results/compare/<run>.{md,json}`. Measure on a quiet machine.
+For each batch of the first --examples test examples (--batch_size, default 1) the baseline and every
+speculative setting run in turn, --repeats times, keeping each batch's fastest run
+(`profiling.time_side_by_side`): a slow spell of the machine hits all of them alike, so their ratios are steadier
+than those of separately timed benchmark rows (about ±0.05 on 2 cores). Reports the speedup (Σ baseline /
+Σ speculative), α, tokens per target call and, at batch 1, the per-round cost fitted to the real decodes in
+baseline tokens. --shrink both runs every decoder with and without `shrink_batch` (rows that ended leave the
+batch), each against the baseline of its own mode and against the full-batch baseline. Writes
+`results/compare/<run>.{md,json}`. Measure on a quiet machine.
 """
 
 import argparse
@@ -44,62 +48,103 @@ def parse_run(text: str):
 def compare(args) -> dict:
   target_module, target_params = checkpoints.load_module_and_params(os.path.join(args.models, 'target'))
   examples = evaluation.task_examples(TASKS[args.task], 'test', LENGTHS, args.examples)
-  batches = [batch for _, batch in benchmark.make_batches(examples, LENGTHS, 1, True)]
-  sampling_params = {'temperature': args.temperature, 'topk': 0, 'topp': 0.0}
+  batches = [batch for _, batch in benchmark.make_batches(examples, LENGTHS, args.batch_size, True)]
+  modes = {'on': [True], 'off': [False], 'both': [False, True]}[args.shrink]
+  label = (lambda name, shrink: f"{name} ({'shrinking' if shrink else 'full'} batch)") if len(modes) > 1 else (
+      lambda name, shrink: name)
   base = models.SpeculativeEncoderDecoderModel(target_module, None, decode_fn=decoding.temperature_sample)
-  base_predict = base.compile_predict(sampling_params)
-  decoders = {'baseline': functools.partial(base_predict, {'target': target_params})}
-  for drafter, gamma in args.runs:
+  drafters = {}
+  for drafter, _ in args.runs:
     path = drafter if os.path.isdir(drafter) else os.path.join(args.models, drafter)
-    drafter_module, drafter_params = checkpoints.load_module_and_params(path)
-    spec = models.SpeculativeEncoderDecoderModel(target_module, drafter_module,
-                                                 decode_fn=decoding.speculative_sample)
-    predict = spec.compile_predict(dict(sampling_params, gamma=gamma, return_stats=True))
-    decoders[f'{drafter}:{gamma}'] = functools.partial(
-        predict, {'target': target_params, 'drafter': drafter_params})
+    drafters[drafter] = checkpoints.load_module_and_params(path)
+  decoders = {}
+  for shrink in modes:
+    sampling_params = {'temperature': args.temperature, 'topk': 0, 'topp': 0.0, 'shrink_batch': shrink}
+    decoders[label('baseline', shrink)] = functools.partial(base.compile_predict(sampling_params),
+                                                            {'target': target_params})
+    for drafter, gamma in args.runs:
+      drafter_module, drafter_params = drafters[drafter]
+      spec = models.SpeculativeEncoderDecoderModel(target_module, drafter_module,
+                                                   decode_fn=decoding.speculative_sample)
+      predict = spec.compile_predict(dict(sampling_params, gamma=gamma, return_stats=True))
+      decoders[label(f'{drafter}:{gamma}', shrink)] = functools.partial(
+          predict, {'target': target_params, 'drafter': drafter_params})
   timed = profiling.time_side_by_side(decoders, batches, repeats=args.repeats)
 
-  base_tokens = [benchmark.num_tokens(np.asarray(out[0])[0], 1) for out in timed['baseline']['outputs']]
-  token_s = profiling.fit_fixed_and_per_step(base_tokens, timed['baseline']['seconds'])['per_step_s']
+  plain = timed[label('baseline', modes[0])]
+  # A batch's steps are its longest row's; per-step costs are fitted at batch 1 only (a shrinking batch's
+  # step gets cheaper as rows end).
+  fit = args.batch_size == 1
+  base_tokens = [max(benchmark.num_tokens(row, 1) for row in np.asarray(out[0])) for out in plain['outputs']]
+  token_s = profiling.fit_fixed_and_per_step(base_tokens, plain['seconds'])['per_step_s'] if fit else None
   rows = []
-  for name, entry in timed.items():
-    if name == 'baseline':
-      continue
-    stats = [jax.tree_util.tree_map(np.asarray, out[1]['stats']) for out in entry['outputs']]
-    rounds = [int(s['target_calls'].max()) for s in stats]
-    judged = sum(int(s['judged'].sum()) for s in stats)
-    try:
-      round_s = profiling.fit_fixed_and_per_step(rounds, entry['seconds'])['per_step_s']
-    except ValueError:  # every example took the same number of rounds
+  for shrink in modes:
+    baseline = timed[label('baseline', shrink)]
+    if len(modes) > 1 and shrink:
+      rows.append({'run': label('baseline', shrink), 'speedup': sum(plain['seconds']) / sum(baseline['seconds']),
+                   'speedup_vs_full_batch_baseline': sum(plain['seconds']) / sum(baseline['seconds']),
+                   'alpha': None, 'tokens_per_call': None, 'round_in_baseline_tokens': None,
+                   'identical': (_identical(baseline, plain) if args.temperature == 0 else None)})
+    for drafter, gamma in args.runs:
+      entry = timed[label(f'{drafter}:{gamma}', shrink)]
+      stats = [jax.tree_util.tree_map(np.asarray, out[1]['stats']) for out in entry['outputs']]
+      rounds = [int(s['target_calls'].max()) for s in stats]
+      judged = sum(int(s['judged'].sum()) for s in stats)
       round_s = float('nan')
-    rows.append({
-        'run': name, 'speedup': sum(timed['baseline']['seconds']) / sum(entry['seconds']),
-        'alpha': sum(int(s['accepted'].sum()) for s in stats) / judged if judged else 0.0,
-        'tokens_per_call': sum(int(s['emitted'].sum()) for s in stats) / sum(rounds),
-        'round_in_baseline_tokens': round_s / token_s,
-        'identical': (all(np.array_equal(np.asarray(a[0]), np.asarray(b[0])) for a, b in
-                          zip(entry['outputs'], timed['baseline']['outputs']))
-                      if args.temperature == 0 else None)})
+      if fit:
+        try:
+          round_s = profiling.fit_fixed_and_per_step(rounds, entry['seconds'])['per_step_s']
+        except ValueError:  # every example took the same number of rounds
+          pass
+      rows.append({
+          'run': label(f'{drafter}:{gamma}', shrink),
+          'speedup': sum(baseline['seconds']) / sum(entry['seconds']),
+          'speedup_vs_full_batch_baseline': sum(plain['seconds']) / sum(entry['seconds']),
+          'alpha': sum(int(s['accepted'].sum()) for s in stats) / judged if judged else 0.0,
+          'tokens_per_call': (sum(int(s['emitted'].sum()) for s in stats)
+                              / sum(int(s['target_calls'].sum()) for s in stats)),
+          'round_in_baseline_tokens': round_s / token_s if fit else None,
+          'identical': _identical(entry, baseline) if args.temperature == 0 else None})
   return {'command': 'python ' + ' '.join(['scripts/compare_drafters.py'] + sys.argv[1:]),
           'date': datetime.date.today().isoformat(), 'machine': benchmark.machine_info(),
-          'task': TASKS[args.task], 'temperature': args.temperature, 'examples': len(batches),
-          'repeats': args.repeats, 'baseline_seconds': sum(timed['baseline']['seconds']),
+          'task': TASKS[args.task], 'temperature': args.temperature, 'examples': len(examples),
+          'batch_size': args.batch_size, 'shrink': args.shrink,
+          'repeats': args.repeats, 'baseline_seconds': sum(plain['seconds']),
           'baseline_token_s': token_s, 'rows': rows}
 
 
+def _identical(entry, reference) -> bool:
+  """Whether every batch's decodes are the reference's, token for token."""
+  return all(np.array_equal(np.asarray(a[0]), np.asarray(b[0]))
+             for a, b in zip(entry['outputs'], reference['outputs']))
+
+
 def markdown(report: dict) -> str:
+  batch = report.get('batch_size', 1)
+  token_s = report['baseline_token_s']
   lines = [f"# Drafters side by side: {report['task']}, temperature {report['temperature']}", '',
            f"`{report['command']}` · {report['date']} · {report['machine']['processor']}, {report['machine']['cpu_count']} CPUs, jax "
            f"{report['machine']['jax']} · first "
-           f"{report['examples']} test examples, batch 1, interleaved, fastest of {report['repeats']} per example", '',
-           f"Baseline: {1000 * report['baseline_seconds']:.1f} ms in all, {1000 * report['baseline_token_s']:.3f} ms "
-           'a token (fitted).', '',
-           '| drafter:γ | α (kept/judged) | tokens per target call | round (baseline tokens, fitted) | '
-           '**speedup** | identical |', '|---|---|---|---|---|---|']
+           f"{report['examples']} test examples, batch {batch}, interleaved, fastest of {report['repeats']} per "
+           'batch', '',
+           f"Baseline: {1000 * report['baseline_seconds']:.1f} ms in all"
+           + (f", {1000 * token_s:.3f} ms a token (fitted)." if token_s else '.'), '']
+  fmt = lambda x, spec: '-' if x is None or x != x else format(x, spec)
+  if report.get('shrink') == 'both':
+    lines += ['Speedups against the baseline of the same batch mode; the last column against the full-batch '
+              'baseline (rows that ended keep running until the batch ends).', '',
+              '| decoder | α (kept/judged) | tokens per target call | **speedup** | vs full-batch baseline | '
+              'identical |', '|---|---|---|---|---|---|']
+  else:
+    lines += ['| drafter:γ | α (kept/judged) | tokens per target call | round (baseline tokens, fitted) | '
+              '**speedup** | identical |', '|---|---|---|---|---|---|']
   for r in report['rows']:
     identical = '-' if r['identical'] is None else ('100%' if r['identical'] else 'NO')
-    lines.append(f"| {r['run']} | {r['alpha']:.3f} | {r['tokens_per_call']:.2f} | "
-                 f"{r['round_in_baseline_tokens']:.2f} | **{r['speedup']:.3f}×** | {identical} |")
+    head = f"| {r['run']} | {fmt(r['alpha'], '.3f')} | {fmt(r['tokens_per_call'], '.2f')} | "
+    if report.get('shrink') == 'both':
+      lines.append(head + f"**{r['speedup']:.3f}×** | {r['speedup_vs_full_batch_baseline']:.3f}× | {identical} |")
+    else:
+      lines.append(head + f"{fmt(r['round_in_baseline_tokens'], '.2f')} | **{r['speedup']:.3f}×** | {identical} |")
   return '\n'.join(lines) + '\n'
 
 
@@ -111,11 +156,16 @@ def main(argv=None):
   parser.add_argument('--temperature', type=float, default=0.0)
   parser.add_argument('--examples', type=int, default=32)
   parser.add_argument('--repeats', type=int, default=3)
+  parser.add_argument('--batch_size', type=int, default=1)
+  parser.add_argument('--shrink', choices=('on', 'off', 'both'), default='on',
+                      help="the decoders' shrink_batch (both: each decoder with and without)")
   parser.add_argument('--run', required=True, help='report name')
   parser.add_argument('--out', default='results/compare')
   args = parser.parse_args(argv)
   if args.temperature < 0:
     parser.error(f'--temperature must be >= 0, got {args.temperature}')
+  if args.batch_size < 1:
+    parser.error(f'--batch_size must be >= 1, got {args.batch_size}')
   report = compare(args)
   os.makedirs(args.out, exist_ok=True)
   fileio.atomic_write(os.path.join(args.out, f'{args.run}.json'),

@@ -1,6 +1,6 @@
 """Collects benchmark rows (benchmark.json files) into one Table-2 style table beside the paper's numbers.
 
-  python scripts/make_table2.py --rows results/table2_cpu/rows --out results/table2_cpu
+  python scripts/make_table2.py --rows results/table2_cpu/rows results/table2_cpu/rows_b8 --out results/table2_cpu
 
 Writes OUT/table2.md, OUT/table2.json and OUT/table2.png (measured vs predicted speedups per row).
 """
@@ -23,19 +23,20 @@ DRAFTER_ORDER = {'d3': 0, 'small': 0, 'd2': 1, 'base': 1, 'd1': 2, 'large': 2, '
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--rows', required=True)
+  parser.add_argument('--rows', nargs='+', required=True, help='folders of rows (e.g. one per batch size)')
   parser.add_argument('--out', required=True)
   parser.add_argument('--command', default='')
-  parser.add_argument('--title', default='CPU Table-2 analogue (shipped family, local DDTP test splits, batch 1)')
+  parser.add_argument('--title', default='CPU Table-2 analogue (shipped family, local DDTP test splits)')
   args = parser.parse_args()
   summaries = []
-  for path in glob.glob(os.path.join(args.rows, '*', 'benchmark.json')):
-    with open(path, encoding='utf-8') as f:
-      summaries.append(json.load(f))
+  for rows in args.rows:
+    for path in glob.glob(os.path.join(rows, '*', 'benchmark.json')):
+      with open(path, encoding='utf-8') as f:
+        summaries.append(json.load(f))
   if not summaries:
     raise SystemExit(f'No benchmark.json under {args.rows}.')
   summaries.sort(key=lambda s: (ORDER.get(s['task'], 9), s['setting']['temperature'],
-                                DRAFTER_ORDER.get(s['drafter'], 9)))
+                                DRAFTER_ORDER.get(s['drafter'], 9), s['setting'].get('batch_size', 1)))
   text = tables.table2_markdown(summaries, title=args.title)
   if args.command:
     text = f'`{args.command}`\n\n' + text
@@ -52,7 +53,7 @@ def main():
 def plot(path, summaries):
   plt = benchmark.pyplot()
   labels = [f"{tables.TASK_LABEL.get(s['task'], s['task'])}\n{s['drafter']} t={s['setting']['temperature']:g}"
-            for s in summaries]
+            f"\nbatch {s['setting'].get('batch_size', 1)}" for s in summaries]
   x = np.arange(len(summaries))
   fig, ax = plt.subplots(figsize=(max(8, len(summaries) * 0.9), 4.5))
   ax.bar(x - 0.2, [s['speedup'] for s in summaries], 0.2, label='measured')

@@ -47,8 +47,8 @@ from specdec import theory
 # for the longest one; each bucket is compiled once and warmed up before timing.
 LENGTH_BUCKETS = (8, 16, 32, 64, 96, 128, 192, 256, 384, 512, 1024, 2048, 4096)
 # Bump when a code change makes examples.jsonl records written before it incomparable with new ones (a resumed run
-# must not mix them).
-RECORDS_VERSION = 1
+# must not mix them). 2: batches shrink as their rows end (`batch_shrink`), so batch > 1 times changed.
+RECORDS_VERSION = 2
 # What a run writes into its directory (`overwrite` discards exactly these, and the fingerprint).
 OUTPUT_FILES = ('examples.jsonl', 'benchmark.json', 'benchmark.csv', 'benchmark.md', 'benchmark.png')
 
@@ -335,19 +335,23 @@ def run(target_module, target_params, drafter_module, drafter_params, task_name:
     _COST_CACHE[cost_key] = profiling.measure_costs(target_module, target_params, drafter_module,
                                                     drafter_params, enc0, lengths['targets'], setting.gamma)
   costs = _COST_CACHE[cost_key]
-  in_loop = None
+  in_loop_by_rows = None
   if measure_in_loop and mesh is None:
-    # One round, phase by phase, inside a compiled loop (first batch, its baseline output as the prefix).
+    # One round, phase by phase, inside a compiled loop (first batch, its baseline output as the prefix), at
+    # every batch size the shrinking loops run at (B, B/2, ..., 1: the first rows of the batch).
     first = batches[0][1]
     decoded_l = partitioning.to_host(base_predict(base_params, first, jax.random.PRNGKey(setting.seed))[0])[0]
-    in_loop = profiling.in_loop_costs(target_module, target_params, drafter_module, drafter_params, first,
-                                      decoded_l, setting.gamma, spec_decoder_params)
+    in_loop_by_rows = {
+        rows: profiling.in_loop_costs(target_module, target_params, drafter_module, drafter_params,
+                                      {k: v[:rows] for k, v in first.items()}, decoded_l, setting.gamma,
+                                      spec_decoder_params)
+        for rows in profiling.stage_rows(setting.batch_size)}
   quality = {
       'baseline': evaluation.score_predictions(task, [r['baseline_text'] for r in records], examples),
       'speculative': evaluation.score_predictions(task, [r['speculative_text'] for r in records], examples),
   }
   cost_s = time.perf_counter() - cost_start
-  summary = summarize(records, costs, setting, in_loop)
+  summary = summarize(records, costs, setting, in_loop_by_rows)
   summary.update(
       wall_seconds={'compile_and_warmup': warmup_s, 'timed_decoding': decode_s, 'cost_measurement': cost_s},
       task=task_name, split=split, drafter=drafter_name, lengths=dict(lengths),
@@ -390,9 +394,14 @@ def _batch_heads(records: Sequence[Mapping[str, Any]]) -> List[Mapping[str, Any]
 
 
 def summarize(records: Sequence[Mapping[str, Any]], costs: Mapping[str, float], setting: Setting,
-              in_loop: Optional[Mapping[str, float]] = None) -> Dict[str, Any]:
-  """The benchmark's numbers from per-example records and the measured call costs."""
+              in_loop_by_rows: Optional[Mapping[int, Mapping[str, float]]] = None) -> Dict[str, Any]:
+  """The benchmark's numbers from per-example records and the measured call costs.
+
+  `in_loop_by_rows`: `profiling.in_loop_costs` at each batch size the loops run at (`profiling.stage_rows`);
+  the summary's `in_loop` is the full batch's.
+  """
   heads = _batch_heads(records)
+  in_loop = in_loop_by_rows[setting.batch_size] if in_loop_by_rows else None
   base_total = sum(r['baseline_s'] for r in heads)
   spec_total = sum(r['speculative_s'] for r in heads)
   base_tokens = sum(r['baseline_tokens'] for r in records)
@@ -439,11 +448,24 @@ def summarize(records: Sequence[Mapping[str, Any]], costs: Mapping[str, float], 
       'identical_rate': float(np.mean(identical)) if setting.temperature == 0 else None,
       'mismatches': mismatches,
       'in_loop': dict(in_loop) if in_loop else None,
+      'in_loop_by_rows': ({str(rows): dict(c) for rows, c in in_loop_by_rows.items()}
+                          if in_loop_by_rows and setting.batch_size > 1 else None),
       'fitted': _fitted_costs(records),
-      'predicted_speedup_in_loop': (profiling.predicted_speedup_in_loop(
-          in_loop, [r['baseline_tokens'] for r in records], [r['target_calls'] for r in records])
-                                    if in_loop else None),
+      'predicted_speedup_in_loop': (profiling.predicted_speedup_in_loop_batched(
+          in_loop_by_rows, _steps_per_batch(records, setting.batch_size)) if in_loop else None),
   }
+
+
+def _steps_per_batch(records: Sequence[Mapping[str, Any]], batch_size: int):
+  """(baseline tokens per row, target calls per row) of each batch, padded to `batch_size` rows with rows that
+  take no steps (a short last batch still runs at the full batch's size)."""
+  by_batch: Dict[int, Tuple[List[int], List[int]]] = {}
+  for r in records:
+    tokens_r, calls_r = by_batch.setdefault(r['batch'], ([], []))
+    tokens_r.append(r['baseline_tokens'])
+    calls_r.append(r['target_calls'])
+  pad = lambda xs: xs + [0] * (batch_size - len(xs))
+  return [(pad(t), pad(c)) for t, c in by_batch.values()]
 
 
 def _fitted_costs(records: Sequence[Mapping[str, Any]]) -> Optional[Dict[str, float]]:
@@ -533,6 +555,11 @@ def markdown(summary: Mapping[str, Any]) -> str:
         f"| predicted speedup, in-loop costs | {s['predicted_speedup_in_loop']:.2f}× "
         f"(measured / predicted {s['speedup'] / s['predicted_speedup_in_loop']:.2f}) |",
     ]
+  if s.get('in_loop_by_rows'):  # batch > 1: the shrinking loops' stages, each at its own cost
+    by_rows = sorted(s['in_loop_by_rows'].items(), key=lambda kv: -int(kv[0]))
+    lines.append('| baseline step / speculative round at ' + ', '.join(k for k, _ in by_rows) + ' rows | '
+                 + ', '.join(f"{1000 * c['baseline_round_s']:.2f} / {1000 * c['round_s']:.2f}" for _, c in by_rows)
+                 + ' ms |')
   if s.get('fitted'):
     fit = s['fitted']
     lines.append(

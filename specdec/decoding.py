@@ -27,6 +27,7 @@ from jax import lax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec import batch_shrink
 from specdec import sampling
 
 PyTree = Any
@@ -166,6 +167,7 @@ def temperature_sample(
                                          SamplingLoopState]] = None,
     logit_callback_fn: Optional[Callable[[jax.Array, SamplingLoopState],
                                          jax.Array]] = None,
+    shrink_batch: bool = True,
 ) -> Tuple[jax.Array, jax.Array]:
   """Temperature sampling, one target call per token (T5X's signature).
 
@@ -192,6 +194,11 @@ def temperature_sample(
       softmax(logits).
     state_callback_fn: applied to the loop state before each step.
     logit_callback_fn: applied to (logits [B, V], state) before sampling.
+    shrink_batch: halve the loop's batch (down to B/8) whenever at most half
+      its rows are still decoding (`batch_shrink.shrinking_while_loop`), so
+      rows that ended stop paying for the others. Same outputs (sampled:
+      other random draws); off when a callback is given (callbacks see the
+      whole batch).
 
   Returns:
     (decodes [B, num_decodes, L], log_prob [B, num_decodes]) sorted by log_prob
@@ -225,12 +232,8 @@ def temperature_sample(
   token0 = jnp.take_along_axis(sequences0, index0[:, None], axis=1)
   generated0 = jnp.zeros_like(sequences0, dtype=bool)
 
-  def cond_fn(carry):
-    state, _ = carry
-    return ~jnp.all(state.ended)
-
   def body_fn(carry):
-    state, generated = carry
+    state, generated, max_len_b = carry
     if state_callback_fn is not None:
       state = state_callback_fn(state)
     if static_greedy:
@@ -273,18 +276,32 @@ def temperature_sample(
     return SamplingLoopState(
         step=state.step + 1, cur_index=i_b + 1, sequences=sequences,
         cache=new_cache, cur_token=token_b[:, None], ended=ended,
-        rng=next_rng, log_prob=log_prob_b), generated
+        rng=next_rng, log_prob=log_prob_b), generated, max_len_b
 
   state0 = SamplingLoopState(
       step=jnp.zeros((), jnp.int32), cur_index=index0, sequences=sequences0,
       cache=cache, cur_token=token0, ended=index0 >= max_len_b,
       rng=decode_rng, log_prob=jnp.zeros((rows,), jnp.float32))
-  final, generated = lax.while_loop(cond_fn, body_fn, (state0, generated0))
-  if state_callback_fn is not None:
-    final = state_callback_fn(final)
-  decodes = _zero_after_eos(final.sequences, generated, eos_id)[:, 1:-1]
+  carry0 = (state0, generated0, max_len_b)
+  ended_fn = lambda carry: carry[0].ended
+  if shrink_batch and state_callback_fn is None and logit_callback_fn is None:
+    axes = (state0.replace(step=batch_shrink.SHARED, cur_index=0, sequences=0,
+                           cache=jax.tree.map(lambda _: cache_offset, cache),
+                           cur_token=0, ended=0, rng=batch_shrink.SHARED, log_prob=0),
+            0, 0)
+    sequences, generated, log_prob = batch_shrink.shrinking_while_loop(
+        body_fn, carry0, axes, ended_fn,
+        lambda carry: (carry[0].sequences, carry[1], carry[0].log_prob),
+        min_rows=batch_shrink.min_rows_for(rows))
+  else:
+    final, generated, _ = lax.while_loop(lambda carry: ~jnp.all(ended_fn(carry)), body_fn,
+                                         carry0)
+    if state_callback_fn is not None:
+      final = state_callback_fn(final)
+    sequences, log_prob = final.sequences, final.log_prob
+  decodes = _zero_after_eos(sequences, generated, eos_id)[:, 1:-1]
   decodes, log_prob, _ = _sort_by_log_prob(batch_size, num_decodes, decodes,
-                                           final.log_prob)
+                                           log_prob)
   return decodes, log_prob
 
 
@@ -703,6 +720,7 @@ def speculative_sample(
     lenience: float = 1.0,
     draft_confidence: float = 0.0,
     return_stats: bool = False,
+    shrink_batch: bool = True,
 ):
   """Speculative sampling: the target's output distribution, fewer target calls.
 
@@ -728,6 +746,10 @@ def speculative_sample(
       below this (its top probability when greedy). Exact for any value;
       0 drafts γ tokens every round.
     return_stats: also return per-row statistics.
+    shrink_batch: halve the loop's batch (down to B/8) whenever at most half
+      its rows are still decoding (`batch_shrink.shrinking_while_loop`): rows
+      that ended stop paying for the others. Same outputs (sampled: other
+      random draws).
 
   Returns:
     (decodes [B, nd, L], log_prob [B, nd]) sorted by log_prob ascending; with
@@ -796,13 +818,30 @@ def speculative_sample(
       ended=spec.max_len_b <= 0, generated=jnp.zeros_like(sequences0, dtype=bool),
       rng=decode_rng, log_prob=jnp.zeros((rows,), jnp.float32),
       stats=_zero_stats(rows, gamma) if return_stats else {})
-  final = lax.while_loop(lambda s: ~jnp.all(s.ended),
-                         functools.partial(speculative_step, spec), state0)
-  decodes = _zero_after_eos(final.sequences, final.generated,
-                            eos_id)[:, 1:length + 1]
+  outputs_fn = lambda s: (s.sequences, s.generated, s.log_prob, s.stats)
+  if shrink_batch:
+    # The per-row parts of the spec travel with the rows.
+    def step(carry):
+      state, forced_bl, max_len_b = carry
+      row_spec = dataclasses.replace(spec, forced_bl=forced_bl, max_len_b=max_len_b)
+      return speculative_step(row_spec, state), forced_bl, max_len_b
+
+    per_row = lambda tree, axis: jax.tree.map(lambda _: axis, tree)
+    axes = (state0.replace(
+        cur_index=0, sequences=0, target_cache=per_row(cache, cache_offset),
+        draft_cache=per_row(draft_cache, draft_cache_offset), draft_lag=0, ended=0,
+        generated=0, rng=batch_shrink.SHARED, log_prob=0, stats=per_row(state0.stats, 0)),
+            0, 0)
+    sequences, generated, log_prob, stats = batch_shrink.shrinking_while_loop(
+        step, (state0, spec.forced_bl, spec.max_len_b), axes,
+        lambda carry: carry[0].ended, lambda carry: outputs_fn(carry[0]),
+        min_rows=batch_shrink.min_rows_for(rows))
+  else:
+    sequences, generated, log_prob, stats = outputs_fn(lax.while_loop(
+        lambda s: ~jnp.all(s.ended), functools.partial(speculative_step, spec), state0))
+  decodes = _zero_after_eos(sequences, generated, eos_id)[:, 1:length + 1]
   decodes, log_prob, stats = _sort_by_log_prob(
-      batch_size, num_decodes, decodes, final.log_prob,
-      final.stats if return_stats else None)
+      batch_size, num_decodes, decodes, log_prob, stats if return_stats else None)
   if return_stats:
     return decodes, log_prob, stats
   return decodes, log_prob

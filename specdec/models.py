@@ -30,6 +30,14 @@ def _uses_drafter(decode_fn: Callable[..., Any]) -> bool:
   return 'draft_tokens_to_logits' in inspect.signature(decode_fn).parameters
 
 
+def _accepts(fn: Callable[..., Any], name: str) -> bool:
+  """Whether `fn` (or the function a functools.partial wraps) takes keyword `name`."""
+  try:
+    return name in inspect.signature(fn).parameters
+  except (TypeError, ValueError):
+    return False
+
+
 def _vocab_size(module) -> int:
   return module.config.vocab_size
 
@@ -250,6 +258,9 @@ class SpeculativeEncoderDecoderModel:
                     draft_tokens_to_logits=draft_tokens_to_logits)
     else:
       decoder_params.pop('return_stats', None)
+    if constrain_cache is not None and _accepts(self.decode_fn, 'shrink_batch'):
+      # A sharded batch keeps its shape: a smaller one may not divide over the mesh's data axis.
+      decoder_params.setdefault('shrink_batch', False)
     outputs = self.decode_fn(**kwargs, **decoder_params)
     decodes, scores = outputs[0], outputs[1]
     aux = {'scores': scores}

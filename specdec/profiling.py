@@ -25,13 +25,14 @@ import os
 import re
 import tempfile
 import time
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import jax
 from jax import lax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec import batch_shrink
 from specdec import decoding
 from specdec import models
 from specdec import sampling
@@ -375,10 +376,65 @@ def in_loop_costs(target_module, target_params, drafter_module, drafter_params,
 
 def predicted_speedup_in_loop(costs: Mapping[str, float], baseline_tokens, target_calls) -> float:
   """Σ baseline time / Σ speculative time that the in-loop costs predict for examples with these token and
-  target-call counts (each example pays its fixed cost once)."""
-  base = sum(costs['baseline_fixed_s'] + n * costs['baseline_round_s'] for n in baseline_tokens)
-  spec = sum(costs['speculative_fixed_s'] + n * costs['round_s'] for n in target_calls)
+  target-call counts (each example pays its fixed cost once); batch 1."""
+  return predicted_speedup_in_loop_batched({1: costs}, [([n], [k]) for n, k in zip(baseline_tokens,
+                                                                                     target_calls)])
+
+
+def shrinking_stages(steps_r: Sequence[int], min_rows: Optional[int] = None) -> List[Tuple[int, int]]:
+  """(rows, steps) of each stage of `batch_shrink.shrinking_while_loop` for rows taking these step counts.
+
+  A stage of b rows runs until at most b/2 rows are active, i.e. until the (B - b/2)-th row to finish has
+  finished; the last stage (fewer than 2 * `min_rows` rows; default the decoders', `batch_shrink.min_rows_for`)
+  runs until the slowest row has.
+  """
+  if min_rows is None:
+    min_rows = batch_shrink.min_rows_for(len(steps_r))
+  ends = sorted(int(k) for k in steps_r)
+  total, rows, done, stages = len(ends), len(ends), 0, []
+  while True:
+    half = rows // 2
+    if half < max(min_rows, 1):
+      stages.append((rows, max(ends[-1] - done, 0)))
+      return stages
+    stop = max(ends[total - half - 1], done)
+    stages.append((rows, stop - done))
+    done, rows = stop, half
+
+
+def predicted_speedup_in_loop_batched(costs_by_rows: Mapping[int, Mapping[str, float]],
+                                      batches: Sequence[Tuple[Sequence[int], Sequence[int]]],
+                                      shrink: bool = True) -> float:
+  """Σ baseline time / Σ speculative time the in-loop costs predict, batch by batch.
+
+  `batches`: (baseline tokens per row, target calls per row) of each batch; `costs_by_rows`: `in_loop_costs`
+  measured at every batch size the loops run at (B, B/2, ..., 1 when `shrink`, else B). A batch pays its
+  fixed costs once and, in each stage of its shrinking loop (`shrinking_stages`), that stage's steps at the
+  stage's per-step cost; without `shrink` its slowest row's steps at B rows.
+  """
+  base = spec = 0.0
+  for tokens_r, calls_r in batches:
+    full = costs_by_rows[len(tokens_r)]
+    base += full['baseline_fixed_s']
+    spec += full['speculative_fixed_s']
+    for steps_r, key in ((tokens_r, 'baseline_round_s'), (calls_r, 'round_s')):
+      stages = shrinking_stages(steps_r) if shrink else [(len(steps_r), max(steps_r))]
+      cost = sum(n * costs_by_rows[rows][key] for rows, n in stages)
+      if key == 'round_s':
+        spec += cost
+      else:
+        base += cost
   return base / spec
+
+
+def stage_rows(batch_size: int, min_rows: Optional[int] = None) -> List[int]:
+  """The batch sizes a shrinking loop of `batch_size` rows runs at: B, B//2, ... down to its last stage."""
+  if min_rows is None:
+    min_rows = batch_shrink.min_rows_for(batch_size)
+  sizes = [batch_size]
+  while sizes[-1] // 2 >= max(min_rows, 1):
+    sizes.append(sizes[-1] // 2)
+  return sizes
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -45,10 +45,10 @@ def table2_markdown(summaries: Sequence[Mapping[str, Any]], title: str = 'Table 
   """One line per benchmark summary, with the paper's row for the corresponding drafter beside it."""
   lines = [
       f'## {title}', '',
-      '| task | drafter | temp | γ | α (kept/judged) | α (Σmin) | tokens/call | c | verify/1-token | '
+      '| task | drafter | temp | γ | batch | α (kept/judged) | α (Σmin) | tokens/call | c | verify/1-token | '
       'c in loop | a in loop | predicted Thm 3.8 | predicted (costs) | predicted (in loop) | '
       '**measured speedup** | α needed for 1.5× / 2× | identical | examples | paper drafter: γ, α, speedup |',
-      '|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|',
+      '|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|',
   ]
   for s in summaries:
     temp = s['setting']['temperature']
@@ -62,6 +62,7 @@ def table2_markdown(summaries: Sequence[Mapping[str, Any]], title: str = 'Table 
                  else f"{100 * s['identical_rate']:.0f}%")
     lines.append(
         f"| {TASK_LABEL.get(s['task'], s['task'])} | {s['drafter']} | {temp:g} | {s['setting']['gamma']} | "
+        f"{s['setting'].get('batch_size', 1)} | "
         f"{s['alpha_accept']:.2f} | {s['alpha_overlap']:.2f} | {s['tokens_per_target_call']:.2f} | "
         f"{s['costs']['c']:.3f} | {s['costs']['verify_cost_ratio']:.2f} | "
         f"{fmt((s.get('in_loop') or {}).get('c_in_loop'), '.3f')} | "
@@ -77,9 +78,14 @@ def table2_markdown(summaries: Sequence[Mapping[str, Any]], title: str = 'Table 
               'commit), timed inside the compiled loop in baseline-round units, beside the isolated c and '
               'verify/1-token; "predicted (in loop)" is the speedup those in-loop costs predict, so a slow row '
               'shows whether α or the loop is at fault (`profiling.in_loop_costs`).']
+    batches = sorted({x['setting'].get('batch_size', 1) for x in summaries})
+    if batches != [1]:
+      lines += ['', 'At batch > 1 a row of the table times whole batches (a batch takes as long as its slowest '
+                'row); both loops shrink their batch as rows end (`batch_shrink`), and "predicted (in loop)" '
+                'adds up each stage of the shrinking loops at the in-loop costs measured at its batch size.']
     lines += ['', f"Machine: {s['machine']['processor']}, {s['machine']['cpu_count']} CPUs, jax "
               f"{s['machine']['jax']} ({s['machine']['backend']}); {s['date']}; batch "
-              f"{s['setting']['batch_size']}, {s['setting']['repeats']} timed repeats per example (median)."]
+              f"{' and '.join(map(str, batches))}, {s['setting']['repeats']} timed repeats per example (median)."]
   return '\n'.join(lines) + '\n'
 
 

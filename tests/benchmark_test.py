@@ -213,6 +213,28 @@ def _records():
   ]
 
 
+def _in_loop(fixed, spec_fixed, step, round_):
+  return {'baseline_fixed_s': fixed, 'speculative_fixed_s': spec_fixed, 'baseline_round_s': step,
+          'round_s': round_, 'draft_s': 0.1 * round_, 'c_in_loop': 0.1 * round_ / GAMMA / step,
+          'round_fixed_in_loop': 0.9 * round_ / step}
+
+
+def test_summarize_batched_predicts_each_shrinking_stage():
+  by_rows = {2: _in_loop(1.0, 2.0, 0.5, 1.0), 1: _in_loop(0.5, 1.0, 0.3, 0.6)}
+  s = benchmark.summarize(_records(), COSTS, benchmark.Setting(gamma=GAMMA, batch_size=2), by_rows)
+  # Batch 0 (tokens 6, 5; calls 2, 3): baseline 1 + 5 steps at 2 rows + 1 at 1 row = 3.8, speculative
+  # 2 + 2 rounds at 2 rows + 1 at 1 row = 4.6. Batch 1 (one row, padded with a row of no steps): 1 + 4·0.3
+  # = 2.2 and 2 + 0.6 = 2.6.
+  assert s['predicted_speedup_in_loop'] == pytest.approx(6.0 / 7.2)
+  assert s['in_loop'] == by_rows[2] and set(s['in_loop_by_rows']) == {'2', '1'}
+  assert s['fitted'] is None  # batch times are not per example
+  full = _full_summary(_records())
+  full.update(in_loop=s['in_loop'], in_loop_by_rows=s['in_loop_by_rows'],
+              predicted_speedup_in_loop=s['predicted_speedup_in_loop'])
+  text = benchmark.markdown(full)
+  assert '| baseline step / speculative round at 2, 1 rows | 500.00 / 1000.00, 300.00 / 600.00 ms |' in text
+
+
 def test_summarize_hand_made_records():
   s = benchmark.summarize(_records(), COSTS, benchmark.Setting(gamma=GAMMA, temperature=0.0))
   assert s['examples'] == 3

@@ -216,13 +216,17 @@ class TestStatistics:
     assert abs(alpha_emp - alpha_overlap) < 0.1
 
 
-def _sample_many(fn, target, rows, length, **kw):
+def _sample_many(fn, target, rows, length, shrink_batch=False, **kw):
   inputs = jnp.zeros((rows, length), jnp.int32)
-  return np.asarray(fn(inputs, **kw)[0][:, 0])
+  return np.asarray(fn(inputs, shrink_batch=shrink_batch, **kw)[0][:, 0])
 
 
 class TestSequenceDistribution:
-  """Whole decodes: the empirical law of sequences equals the target's."""
+  """Whole decodes: the empirical law of sequences equals the target's.
+
+  In one batch of ROWS rows with the plain loop (`shrink_batch=False`: a shrinking loop of 20,000 rows
+  compiles four stages); tests/batch_shrink_test.py checks the shrinking loop's law.
+  """
 
   LENGTH, VOCAB, ROWS = 4, 5, 20_000
 

@@ -88,6 +88,28 @@ def test_predicted_speedup_in_loop_by_hand():
   assert profiling.predicted_speedup_in_loop(costs, [20], [2]) == pytest.approx(11 / 4)
 
 
+def test_shrinking_stages_follow_the_loop():
+  # Rows ending after 3, 8, 1, 6, 2, 7, 4, 5 steps: 4 steps at 8 rows (4 left), 2 at 4, 1 at 2, 1 at 1.
+  assert profiling.shrinking_stages([3, 8, 1, 6, 2, 7, 4, 5]) == [(8, 4), (4, 2), (2, 1), (1, 1)]
+  assert profiling.shrinking_stages([3, 8, 1, 6, 2, 7, 4, 5], min_rows=2) == [(8, 4), (4, 2), (2, 2)]
+  assert profiling.shrinking_stages([5, 5, 5]) == [(3, 5), (1, 0)]
+  assert profiling.shrinking_stages([7]) == [(1, 7)]
+  assert profiling.stage_rows(8) == [8, 4, 2, 1] and profiling.stage_rows(6, min_rows=2) == [6, 3]
+  assert profiling.stage_rows(64) == [64, 32, 16, 8]  # at most batch_shrink.MAX_STAGES stages
+  # The same row-steps as the loop itself pays (tests/batch_shrink_test.py counts them: 43 of 64).
+  assert sum(r * n for r, n in profiling.shrinking_stages([3, 8, 1, 6, 2, 7, 4, 5])) == 43
+
+
+def test_predicted_speedup_in_loop_batched_by_hand():
+  costs = {2: {'baseline_fixed_s': 1.0, 'speculative_fixed_s': 2.0, 'baseline_round_s': 0.8, 'round_s': 1.6},
+           1: {'baseline_fixed_s': 0.5, 'speculative_fixed_s': 1.0, 'baseline_round_s': 0.5, 'round_s': 1.0}}
+  batches = [([10, 4], [5, 2])]
+  # Shrinking: baseline 1 + 4·0.8 + 6·0.5 = 7.2; speculative 2 + 2·1.6 + 3·1.0 = 8.2.
+  assert profiling.predicted_speedup_in_loop_batched(costs, batches) == pytest.approx(7.2 / 8.2)
+  # Full batch: baseline 1 + 10·0.8 = 9; speculative 2 + 5·1.6 = 10.
+  assert profiling.predicted_speedup_in_loop_batched(costs, batches, shrink=False) == pytest.approx(0.9)
+
+
 HLO = """HloModule m
 
 %fused (p: f32[4]) -> f32[4] {

@@ -148,3 +148,24 @@ def test_compare_drafters_table():
   text = compare_drafters.markdown(report)
   assert '| trigram:1 | 0.400 | 1.40 | 1.20 | **1.100×** | 100% |' in text
   assert '| bigram:1 | 0.300 | 1.30 | 1.10 | **1.050×** | NO |' in text
+
+
+def test_compare_drafters_table_with_and_without_shrinking():
+  import compare_drafters  # pylint: disable=g-import-not-at-top
+  report = {'task': 'specdec_ende_local', 'temperature': 0.0, 'command': 'python scripts/compare_drafters.py',
+            'date': '2026-12-02', 'machine': {'processor': 'x86_64', 'cpu_count': 2, 'jax': '0.10.2'},
+            'examples': 16, 'repeats': 3, 'baseline_seconds': 0.5, 'baseline_token_s': None, 'batch_size': 8,
+            'shrink': 'both',
+            'rows': [{'run': 'bigram:1 (full batch)', 'alpha': 0.3, 'tokens_per_call': 1.3,
+                      'round_in_baseline_tokens': None, 'speedup': 0.9, 'speedup_vs_full_batch_baseline': 0.9,
+                      'identical': True},
+                     {'run': 'baseline (shrinking batch)', 'alpha': None, 'tokens_per_call': None,
+                      'round_in_baseline_tokens': None, 'speedup': 1.2, 'speedup_vs_full_batch_baseline': 1.2,
+                      'identical': True},
+                     {'run': 'bigram:1 (shrinking batch)', 'alpha': 0.3, 'tokens_per_call': 1.3,
+                      'round_in_baseline_tokens': None, 'speedup': 1.0, 'speedup_vs_full_batch_baseline': 1.2,
+                      'identical': False}]}
+  text = compare_drafters.markdown(report)
+  assert 'batch 8' in text and 'a token (fitted)' not in text
+  assert '| baseline (shrinking batch) | - | - | **1.200×** | 1.200× | 100% |' in text
+  assert '| bigram:1 (shrinking batch) | 0.300 | 1.30 | **1.000×** | 1.200× | NO |' in text

@@ -93,25 +93,27 @@ def test_table2_markdown():
   summaries = [_summary(tasks.ENDE_LOCAL_TASK, 'd1', 0.0, 4, 1.0, alpha_needed={'1.5': 0.456, '2.0': 0.789}),
                _summary(tasks.SUMMARIZE_LOCAL_TASK, 'd3', 1.0, 4, None, speedup=0.987),
                _summary('other_task', 'mine', 0.0, 2, 0.5)]
+  summaries[2]['setting']['batch_size'] = 8
   summaries[0].update(in_loop={'c_in_loop': 0.1234, 'round_fixed_in_loop': 1.5}, predicted_speedup_in_loop=1.111)
   text = tables.table2_markdown(summaries, title='My table')
   lines = text.splitlines()
   assert lines[0] == '## My table'
-  assert lines[2].startswith('| task | drafter | temp | γ | α (kept/judged) |')
+  assert lines[2].startswith('| task | drafter | temp | γ | batch | α (kept/judged) |')
   assert set(lines[3]) == {'|', '-'}
   rows = [l for l in lines[4:] if l.startswith('| ')]
   assert len(rows) == 3
   # Header, rule and rows have the same number of cells (else Markdown renders no table).
-  assert {l.count('|') for l in [lines[2], lines[3]] + rows} == {20}  # 19 columns
-  assert rows[0] == ('| En→De (DDTP) | d1 | 0 | 4 | 0.68 | 0.70 | 2.35 | 0.046 | 1.23 | 0.123 | 1.50 | '
+  assert {l.count('|') for l in [lines[2], lines[3]] + rows} == {21}  # 20 columns
+  assert rows[0] == ('| En→De (DDTP) | d1 | 0 | 4 | 1 | 0.68 | 0.70 | 2.35 | 0.046 | 1.23 | 0.123 | 1.50 | '
                      '2.00× | 1.88× | 1.11× | **1.23×** | 0.46 / 0.79 | 100% | 16 | T5-large: 7, 0.82, 1.7× |')
-  assert rows[1].startswith('| summ. (DDTP) | d3 | 1 | 4 |')
+  assert rows[1].startswith('| summ. (DDTP) | d3 | 1 | 4 | 1 |')
   # Sampling: no identity rate; a summary without alpha_needed shows '-'.
   assert '| **0.99×** | - / - | - | 16 | T5-small: 5, 0.53, 2.3× |' in rows[1]
   assert '| 1.23 | - | - | 2.00× | 1.88× | - | **0.99×**' in rows[1]  # no in-loop costs measured
-  assert rows[2].startswith('| other_task | mine | 0 | 2 |')  # an unknown task is shown by name
+  assert rows[2].startswith('| other_task | mine | 0 | 2 | 8 |')  # an unknown task is shown by name
   assert rows[2].endswith('| 50% | 16 | - |')  # and has no paper row
-  assert lines[-1] == ('Machine: x86_64, 2 CPUs, jax 0.0.test (cpu); 2026-01-02T03:04:05; batch 1, '
+  assert 'both loops shrink their batch as rows end' in text  # a batch-8 row is explained
+  assert lines[-1] == ('Machine: x86_64, 2 CPUs, jax 0.0.test (cpu); 2026-01-02T03:04:05; batch 1 and 8, '
                        '3 timed repeats per example (median).')
   assert text.endswith('\n')
 
