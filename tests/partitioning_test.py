@@ -125,13 +125,15 @@ def _reference(decode, temperature):
 
   Greedy speculative decodes and scores are the baseline's token for token
   (models_test checks it), so the one-device greedy baseline is the greedy
-  reference of both (saving a compile; no statistics to compare then).
+  reference of both (saving a compile; no statistics to compare then). A
+  sharded batch keeps its shape (`shrink_batch` off), so the reference does
+  too: seeded draws depend on the shape of the batch they are drawn for.
   """
   if temperature == 0.0:
     decode = 'temperature'
   params, batch = _setup()
   predict = _model(decode).compile_predict(
-      _decoder_params(decode, temperature))
+      dict(_decoder_params(decode, temperature), shrink_batch=False))
   return jax.device_get(predict(params, batch, jax.random.PRNGKey(7)))
 
 
