@@ -21,7 +21,9 @@ import sys
 
 import numpy as np
 
-from specdec import benchmark
+# Runnable from a checkout without the package installed (as the repo's shell scripts call it).
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from specdec import benchmark  # pylint: disable=g-import-not-at-top,wrong-import-position
 from specdec import checkpoints
 from specdec import fingerprint
 from specdec import main as launcher
