@@ -17,7 +17,7 @@ token for token; sampled: the same distribution, with other random draws).
 Every stage is compiled, so the decoders stop halving at B/8 (`MAX_STAGES`).
 """
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable, List, Optional
 
 import jax
 from jax import lax
@@ -33,6 +33,21 @@ MAX_STAGES = 4
 def min_rows_for(rows: int, max_stages: int = MAX_STAGES) -> int:
   """The `min_rows` that gives a batch of `rows` at most `max_stages` stages (B, B/2, ...)."""
   return max(1, -(-rows // 2 ** (max_stages - 1)))
+
+
+def stage_sizes(rows: int, min_rows: Optional[int] = None) -> List[int]:
+  """The batch sizes a shrinking loop of `rows` rows runs at: B, B//2, ... while a half keeps at least
+  `min_rows` (default `min_rows_for(rows)`, the decoders' choice)."""
+  min_rows = max(min_rows_for(rows) if min_rows is None else min_rows, 1)
+  sizes = [rows]
+  while sizes[-1] // 2 >= min_rows:
+    sizes.append(sizes[-1] // 2)
+  return sizes
+
+
+def same_axis(tree: PyTree, axis: int) -> PyTree:
+  """An `axes` tree giving every leaf of `tree` the row axis `axis`."""
+  return jax.tree.map(lambda _: axis, tree)
 
 
 def take_rows(tree: PyTree, rows_r: jax.Array, axes: PyTree) -> PyTree:
@@ -55,7 +70,7 @@ def put_rows(dst: PyTree, src: PyTree, rows_r: jax.Array, axes: PyTree) -> PyTre
 def shrinking_while_loop(step_fn: Callable[[PyTree], PyTree], carry: PyTree, axes: PyTree,
                          ended_fn: Callable[[PyTree], jax.Array],
                          outputs_fn: Callable[[PyTree], PyTree],
-                         output_axes: Optional[PyTree] = None, min_rows: int = 1) -> PyTree:
+                         output_axes: Optional[PyTree] = None, min_rows: Optional[int] = None) -> PyTree:
   """`step_fn` until every row has ended; the outputs of every row, in the input's order.
 
   Args:
@@ -70,8 +85,8 @@ def shrinking_while_loop(step_fn: Callable[[PyTree], PyTree], carry: PyTree, axe
     output_axes: the row axes of `outputs_fn`'s result (default: 0 for every
       leaf).
     min_rows: the smallest stage (e.g. a data-parallel mesh's size, so every
-      stage's batch still divides over it); a stage of fewer than 2 *
-      `min_rows` rows runs to the end.
+      stage's batch still divides over it); default `min_rows_for(B)`, at most
+      `MAX_STAGES` stages (`stage_sizes`). The last stage runs to the end.
 
   Returns:
     `outputs_fn` of the final state of every row, rows in the input's order.
@@ -79,17 +94,15 @@ def shrinking_while_loop(step_fn: Callable[[PyTree], PyTree], carry: PyTree, axe
   rows = jax.tree.leaves(ended_fn(carry))[0].shape[0]
   out = outputs_fn(carry)
   if output_axes is None:
-    output_axes = jax.tree.map(lambda _: 0, out)
+    output_axes = same_axis(out, 0)
   row_ids_r = jnp.arange(rows)
-  while True:  # Python: one compiled stage per batch size
-    half = rows // 2
-    if half < max(min_rows, 1):
-      carry = lax.while_loop(lambda c: ~jnp.all(ended_fn(c)), step_fn, carry)
-      return put_rows(out, outputs_fn(carry), row_ids_r, output_axes)
-    carry = lax.while_loop(lambda c, half=half: jnp.sum(~ended_fn(c)) > half, step_fn, carry)
+  sizes = stage_sizes(rows, min_rows)
+  for next_rows in sizes[1:]:  # Python: one compiled stage per batch size
+    carry = lax.while_loop(lambda c, n=next_rows: jnp.sum(~ended_fn(c)) > n, step_fn, carry)
     out = put_rows(out, outputs_fn(carry), row_ids_r, output_axes)
     # Active rows first (in their order), then ended ones as padding.
-    keep_h = jnp.argsort(ended_fn(carry), stable=True)[:half]
-    carry = take_rows(carry, keep_h, axes)
-    row_ids_r = row_ids_r[keep_h]
-    rows = half
+    keep_n = jnp.argsort(ended_fn(carry), stable=True)[:next_rows]
+    carry = take_rows(carry, keep_n, axes)
+    row_ids_r = row_ids_r[keep_n]
+  carry = lax.while_loop(lambda c: ~jnp.all(ended_fn(c)), step_fn, carry)
+  return put_rows(out, outputs_fn(carry), row_ids_r, output_axes)

@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec import batch_shrink
 from specdec import checkpoints
 from specdec import decoding
 from specdec import evaluation
@@ -345,7 +346,7 @@ def run(target_module, target_params, drafter_module, drafter_params, task_name:
         rows: profiling.in_loop_costs(target_module, target_params, drafter_module, drafter_params,
                                       {k: v[:rows] for k, v in first.items()}, decoded_l, setting.gamma,
                                       spec_decoder_params)
-        for rows in profiling.stage_rows(setting.batch_size)}
+        for rows in batch_shrink.stage_sizes(setting.batch_size)}
   quality = {
       'baseline': evaluation.score_predictions(task, [r['baseline_text'] for r in records], examples),
       'speculative': evaluation.score_predictions(task, [r['speculative_text'] for r in records], examples),
@@ -397,7 +398,7 @@ def summarize(records: Sequence[Mapping[str, Any]], costs: Mapping[str, float], 
               in_loop_by_rows: Optional[Mapping[int, Mapping[str, float]]] = None) -> Dict[str, Any]:
   """The benchmark's numbers from per-example records and the measured call costs.
 
-  `in_loop_by_rows`: `profiling.in_loop_costs` at each batch size the loops run at (`profiling.stage_rows`);
+  `in_loop_by_rows`: `profiling.in_loop_costs` at each batch size the loops run at (`batch_shrink.stage_sizes`);
   the summary's `in_loop` is the full batch's.
   """
   heads = _batch_heads(records)

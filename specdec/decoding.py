@@ -286,13 +286,12 @@ def temperature_sample(
   ended_fn = lambda carry: carry[0].ended
   if shrink_batch and state_callback_fn is None and logit_callback_fn is None:
     axes = (state0.replace(step=batch_shrink.SHARED, cur_index=0, sequences=0,
-                           cache=jax.tree.map(lambda _: cache_offset, cache),
+                           cache=batch_shrink.same_axis(cache, cache_offset),
                            cur_token=0, ended=0, rng=batch_shrink.SHARED, log_prob=0),
             0, 0)
     sequences, generated, log_prob = batch_shrink.shrinking_while_loop(
         body_fn, carry0, axes, ended_fn,
-        lambda carry: (carry[0].sequences, carry[1], carry[0].log_prob),
-        min_rows=batch_shrink.min_rows_for(rows))
+        lambda carry: (carry[0].sequences, carry[1], carry[0].log_prob))
   else:
     final, generated, _ = lax.while_loop(lambda carry: ~jnp.all(ended_fn(carry)), body_fn,
                                          carry0)
@@ -826,16 +825,15 @@ def speculative_sample(
       row_spec = dataclasses.replace(spec, forced_bl=forced_bl, max_len_b=max_len_b)
       return speculative_step(row_spec, state), forced_bl, max_len_b
 
-    per_row = lambda tree, axis: jax.tree.map(lambda _: axis, tree)
     axes = (state0.replace(
-        cur_index=0, sequences=0, target_cache=per_row(cache, cache_offset),
-        draft_cache=per_row(draft_cache, draft_cache_offset), draft_lag=0, ended=0,
-        generated=0, rng=batch_shrink.SHARED, log_prob=0, stats=per_row(state0.stats, 0)),
+        cur_index=0, sequences=0, target_cache=batch_shrink.same_axis(cache, cache_offset),
+        draft_cache=batch_shrink.same_axis(draft_cache, draft_cache_offset), draft_lag=0,
+        ended=0, generated=0, rng=batch_shrink.SHARED, log_prob=0,
+        stats=batch_shrink.same_axis(state0.stats, 0)),
             0, 0)
     sequences, generated, log_prob, stats = batch_shrink.shrinking_while_loop(
         step, (state0, spec.forced_bl, spec.max_len_b), axes,
-        lambda carry: carry[0].ended, lambda carry: outputs_fn(carry[0]),
-        min_rows=batch_shrink.min_rows_for(rows))
+        lambda carry: carry[0].ended, lambda carry: outputs_fn(carry[0]))
   else:
     sequences, generated, log_prob, stats = outputs_fn(lax.while_loop(
         lambda s: ~jnp.all(s.ended), functools.partial(speculative_step, spec), state0))

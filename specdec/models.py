@@ -26,16 +26,13 @@ Batch = Mapping[str, jax.Array]
 TARGET, DRAFTER = 'target', 'drafter'
 
 
-def _uses_drafter(decode_fn: Callable[..., Any]) -> bool:
-  return 'draft_tokens_to_logits' in inspect.signature(decode_fn).parameters
-
-
 def _accepts(fn: Callable[..., Any], name: str) -> bool:
   """Whether `fn` (or the function a functools.partial wraps) takes keyword `name`."""
-  try:
-    return name in inspect.signature(fn).parameters
-  except (TypeError, ValueError):
-    return False
+  return name in inspect.signature(fn).parameters
+
+
+def _uses_drafter(decode_fn: Callable[..., Any]) -> bool:
+  return _accepts(decode_fn, 'draft_tokens_to_logits')
 
 
 def _vocab_size(module) -> int:

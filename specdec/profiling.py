@@ -384,22 +384,19 @@ def predicted_speedup_in_loop(costs: Mapping[str, float], baseline_tokens, targe
 def shrinking_stages(steps_r: Sequence[int], min_rows: Optional[int] = None) -> List[Tuple[int, int]]:
   """(rows, steps) of each stage of `batch_shrink.shrinking_while_loop` for rows taking these step counts.
 
-  A stage of b rows runs until at most b/2 rows are active, i.e. until the (B - b/2)-th row to finish has
-  finished; the last stage (fewer than 2 * `min_rows` rows; default the decoders', `batch_shrink.min_rows_for`)
-  runs until the slowest row has.
+  A stage of b rows runs until no more rows are active than the next stage holds, i.e. until the (B - next)-th
+  row to finish has finished; the last stage (`batch_shrink.stage_sizes` with `min_rows`) runs until the slowest
+  row has.
   """
-  if min_rows is None:
-    min_rows = batch_shrink.min_rows_for(len(steps_r))
+  sizes = batch_shrink.stage_sizes(len(steps_r), min_rows)
   ends = sorted(int(k) for k in steps_r)
-  total, rows, done, stages = len(ends), len(ends), 0, []
-  while True:
-    half = rows // 2
-    if half < max(min_rows, 1):
-      stages.append((rows, max(ends[-1] - done, 0)))
-      return stages
-    stop = max(ends[total - half - 1], done)
+  done, stages = 0, []
+  for rows, next_rows in zip(sizes, sizes[1:]):
+    stop = max(ends[len(ends) - next_rows - 1], done)
     stages.append((rows, stop - done))
-    done, rows = stop, half
+    done = stop
+  stages.append((sizes[-1], max(ends[-1] - done, 0)))
+  return stages
 
 
 def predicted_speedup_in_loop_batched(costs_by_rows: Mapping[int, Mapping[str, float]],
@@ -412,29 +409,17 @@ def predicted_speedup_in_loop_batched(costs_by_rows: Mapping[int, Mapping[str, f
   fixed costs once and, in each stage of its shrinking loop (`shrinking_stages`), that stage's steps at the
   stage's per-step cost; without `shrink` its slowest row's steps at B rows.
   """
+
+  def steps_cost(steps_r, key):
+    stages = shrinking_stages(steps_r) if shrink else [(len(steps_r), max(steps_r))]
+    return sum(n * costs_by_rows[rows][key] for rows, n in stages)
+
   base = spec = 0.0
   for tokens_r, calls_r in batches:
     full = costs_by_rows[len(tokens_r)]
-    base += full['baseline_fixed_s']
-    spec += full['speculative_fixed_s']
-    for steps_r, key in ((tokens_r, 'baseline_round_s'), (calls_r, 'round_s')):
-      stages = shrinking_stages(steps_r) if shrink else [(len(steps_r), max(steps_r))]
-      cost = sum(n * costs_by_rows[rows][key] for rows, n in stages)
-      if key == 'round_s':
-        spec += cost
-      else:
-        base += cost
+    base += full['baseline_fixed_s'] + steps_cost(tokens_r, 'baseline_round_s')
+    spec += full['speculative_fixed_s'] + steps_cost(calls_r, 'round_s')
   return base / spec
-
-
-def stage_rows(batch_size: int, min_rows: Optional[int] = None) -> List[int]:
-  """The batch sizes a shrinking loop of `batch_size` rows runs at: B, B//2, ... down to its last stage."""
-  if min_rows is None:
-    min_rows = batch_shrink.min_rows_for(batch_size)
-  sizes = [batch_size]
-  while sizes[-1] // 2 >= max(min_rows, 1):
-    sizes.append(sizes[-1] // 2)
-  return sizes
 
 
 # ----------------------------------------------------------------------------------------------------------

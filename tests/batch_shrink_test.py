@@ -63,6 +63,11 @@ class TestRows:
 
 class TestShrinkingWhileLoop:
 
+  def test_stage_sizes(self):
+    assert batch_shrink.stage_sizes(8) == [8, 4, 2, 1] and batch_shrink.stage_sizes(6, min_rows=2) == [6, 3]
+    assert batch_shrink.stage_sizes(64) == [64, 32, 16, 8]  # at most MAX_STAGES stages by default
+    assert batch_shrink.stage_sizes(1) == [1]
+
   def test_same_outputs_fewer_row_steps(self):
     ends = [3, 8, 1, 6, 2, 7, 4, 5]
     counts, paid = _counting_loop(ends, shrink=True)

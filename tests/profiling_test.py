@@ -94,8 +94,6 @@ def test_shrinking_stages_follow_the_loop():
   assert profiling.shrinking_stages([3, 8, 1, 6, 2, 7, 4, 5], min_rows=2) == [(8, 4), (4, 2), (2, 2)]
   assert profiling.shrinking_stages([5, 5, 5]) == [(3, 5), (1, 0)]
   assert profiling.shrinking_stages([7]) == [(1, 7)]
-  assert profiling.stage_rows(8) == [8, 4, 2, 1] and profiling.stage_rows(6, min_rows=2) == [6, 3]
-  assert profiling.stage_rows(64) == [64, 32, 16, 8]  # at most batch_shrink.MAX_STAGES stages
   # The same row-steps as the loop itself pays (tests/batch_shrink_test.py counts them: 43 of 64).
   assert sum(r * n for r, n in profiling.shrinking_stages([3, 8, 1, 6, 2, 7, 4, 5])) == 43
 
