@@ -133,17 +133,18 @@ def gamma_sweep(args):
                  f"{s['costs']['c']:.3f} | {s['costs']['verify_cost_ratio']:.2f} | "
                  f"{s['tokens_per_target_call']:.2f} | {s['predicted_speedup_thm38']:.2f}× | "
                  f"{s['predicted_speedup_costs']:.2f}× | **{s['speedup']:.2f}×** | {ident} |")
-  lines += ['', '| drafter | temp | best γ (measured) | speedup there | optimal γ by Thm 3.8 (pooled α, c) |',
-            '|---|---|---|---|---|']
+  lines += ['', '| drafter | temp | best γ (measured) | speedup there | best γ from the measured verify costs '
+            '(`theory.best_gamma`) | optimal γ by Thm 3.8 (pooled α, c) |', '|---|---|---|---|---|---|']
   curves = {}
   for (drafter, temp), s_best in sorted(best.items()):
     runs = [s for s in summaries if s['drafter'] == drafter and s['setting']['temperature'] == temp]
     alpha = _pooled_alpha(runs)
     c = float(np.median([s['costs']['c'] for s in runs]))
     opt, _ = theory.optimal_gamma(alpha, c, max_gamma=max(args.gammas))
+    picked, _ = theory.best_gamma(alpha, c, verify_curve(runs))
     curves[(drafter, temp)] = (runs, alpha, c)
-    lines.append(f"| {drafter} | {temp:g} | {s_best['setting']['gamma']} | {s_best['speedup']:.2f}× | {opt} "
-                 f'(α {alpha:.2f}, c {c:.3f}) |')
+    lines.append(f"| {drafter} | {temp:g} | {s_best['setting']['gamma']} | {s_best['speedup']:.2f}× | {picked} | "
+                 f'{opt} (α {alpha:.2f}, c {c:.3f}) |')
   lines += ['', '### Costs inside the loop', '',
             'A straight-line fit over γ of the measured speculative time per target call, '
             't_iter(γ) = a + b·γ (Σ speculative time / Σ target calls of each run), against the baseline\'s '
@@ -168,6 +169,11 @@ def gamma_sweep(args):
             '"costs" curve uses the measured verify cost instead.']
   _write(args.out, 'ablate_gamma', '\n'.join(lines) + '\n', summaries)
   _plot_gamma(os.path.join(args.out, 'ablate_gamma.png'), curves, TASKS[args.task])
+
+
+def verify_curve(runs):
+  """{γ + 1: verify call / 1-token call} measured by a drafter's runs (`theory.best_gamma`'s curve)."""
+  return {s['setting']['gamma'] + 1: s['costs']['verify_cost_ratio'] for s in runs}
 
 
 def in_loop_costs(runs):

@@ -171,6 +171,11 @@ def main():
         'train': meta.get('train', {}),
         'test': quality(name, module, params, lengths, args.max_examples,
                         args.batch_size)}
+  # How sure the target is of its own greedy decodes: what bounds any drafter's greedy α.
+  report['target_confidence'] = evaluation.target_confidence(
+      *loaded['target'], evaluation.task_examples(TASKS['ende'], 'test', lengths, args.max_examples), lengths,
+      args.batch_size)
+  print(f"  target_confidence (En→De): {report['target_confidence']}", flush=True)
   for name in DRAFTERS:
     if name not in loaded:
       continue
@@ -214,6 +219,13 @@ def models_table(report):
         f"{m['train'].get('step', '?')} | {ev.get('eval_loss', float('nan')):.3f} | "
         f"{m['test']['ende'].get('bleu', float('nan')):.1f} | "
         f"{s.get('rouge1', 0):.1f}/{s.get('rouge2', 0):.1f}/{s.get('rougeLsum', 0):.1f} |")
+  conf = report.get('target_confidence')
+  if conf:
+    lines += ['', f"target_confidence (En→De, the target teacher-forced on its own greedy decodes of "
+              f"{conf['examples']} test inputs, {conf['positions']} positions): top-1 probability median "
+              f"{conf['top1_median']:.2f}, mean {conf['top1_mean']:.2f}; >= 0.5 at "
+              f"{100 * conf['share_top1_at_least_0.5']:.0f}% of positions, >= 0.9 at "
+              f"{100 * conf['share_top1_at_least_0.9']:.0f}%; mean entropy {conf['entropy_mean_nats']:.2f} nats."]
   return '\n'.join(lines) + '\n'
 
 

@@ -39,6 +39,7 @@ from specdec import decoding
 from specdec import evaluation
 from specdec import fingerprint
 from specdec import models
+from specdec import oracle
 from specdec import partitioning
 from specdec import profiling
 from specdec import tables
@@ -230,6 +231,10 @@ def run(target_module, target_params, drafter_module, drafter_params, task_name:
   import seqio  # pylint: disable=g-import-not-at-top
 
   setting.validate()
+  if isinstance(drafter_module, oracle.OracleDrafter):
+    raise ValueError('the oracle drafter is a measuring instrument of controlled acceptance, not a drafter: '
+                     'its rows belong in specdec/ceiling.py reports (scripts/ceiling.py), never in a '
+                     'benchmark table.')
   if target_module.config.vocab_size != _vocab_size(drafter_module):
     raise ValueError(f'Vocabulary mismatch: target vocab_size={target_module.config.vocab_size}, '
                      f'drafter vocab_size={_vocab_size(drafter_module)}.')

@@ -4,8 +4,12 @@ import time
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import seqio
+
+from specdec import decoding
+from specdec import models
 
 PredictFn = Callable[..., Tuple[Any, Mapping[str, Any]]]
 
@@ -77,3 +81,47 @@ def decode_and_score(predict: PredictFn, params: Any, task_name: str, split: str
              for ex in examples]
   return {'metrics': score_predictions(task, texts, examples),
           'predictions': predictions, 'targets': targets, 'seconds': seconds}
+
+
+def target_confidence(module, params, examples: List[Mapping[str, Any]], feature_lengths: Mapping[str, int],
+                      batch_size: int = 32, eos_id: int = 1) -> Dict[str, float]:
+  """How sure a target is of its own greedy decodes: the ceiling of any drafter's greedy acceptance.
+
+  Each input is decoded greedily, then the decode is teacher-forced through the target; at every generated
+  position (up to and including EOS) this reads the target's top-1 probability and its entropy. A target
+  whose top-1 is often far below 1 spreads its mass, and a drafter that imitates it must guess among
+  near-ties. Returns the median and mean top-1 probability, the shares of positions with top-1 >= 0.5 and
+  >= 0.9, the mean entropy (nats), the counts, and `argmax_agreement` (teacher-forced argmax == the greedy
+  token; 1 up to float ties, a check of the measurement).
+  """
+  baseline = models.SpeculativeEncoderDecoderModel(module, None, decode_fn=decoding.temperature_sample)
+  predict = baseline.compile_predict({'temperature': 0.0})
+
+  @jax.jit
+  def top1_and_entropy(params, encoder_input_tokens, decodes_bl):
+    decoder_input_tokens = jnp.pad(decodes_bl, ((0, 0), (1, 0)))[:, :-1]
+    logits = module.apply({'params': params}, encoder_input_tokens, decoder_input_tokens, decodes_bl,
+                          enable_dropout=False)
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    entropy = -jnp.sum(jnp.exp(logp) * logp, axis=-1)
+    return jnp.exp(jnp.max(logp, axis=-1)), entropy, jnp.argmax(logp, axis=-1) == decodes_bl
+
+  top1, entropy, agree = [], [], []
+  for batch, chunk in batches(examples, feature_lengths, batch_size):
+    decodes_bl, _ = predict({'target': params}, batch)
+    decodes_bl = np.asarray(decodes_bl)
+    p_bl, h_bl, same_bl = map(np.asarray, top1_and_entropy(params, batch['encoder_input_tokens'], decodes_bl))
+    for row in range(len(chunk)):
+      eos = np.flatnonzero(decodes_bl[row] == eos_id)
+      n = int(eos[0] + 1) if eos.size else int(np.count_nonzero(decodes_bl[row]))
+      top1.append(p_bl[row, :n])
+      entropy.append(h_bl[row, :n])
+      agree.append(same_bl[row, :n])
+  if not top1 or not sum(len(x) for x in top1):
+    raise ValueError('target_confidence needs at least one example with a generated token.')
+  top1, entropy, agree = (np.concatenate(x) for x in (top1, entropy, agree))
+  return {'examples': len(examples), 'positions': int(top1.size),
+          'top1_median': float(np.median(top1)), 'top1_mean': float(np.mean(top1)),
+          'share_top1_at_least_0.5': float(np.mean(top1 >= 0.5)),
+          'share_top1_at_least_0.9': float(np.mean(top1 >= 0.9)),
+          'entropy_mean_nats': float(np.mean(entropy)), 'argmax_agreement': float(np.mean(agree))}

@@ -50,6 +50,26 @@ def median_seconds(fn: Callable[..., Any], *args, repeats: int = 5) -> float:
   return float(np.median(times))
 
 
+def fastest_interleaved(calls: Mapping[str, Tuple[Callable[..., Any], tuple]], repeats: int = 5
+                        ) -> Dict[str, float]:
+  """Fastest wall seconds of each `fn(*args)` in `calls` ({name: (fn, args)}), the calls interleaved.
+
+  Each runs once untimed (compilation and warm-up excluded), then every call runs once per repeat in turn.
+  A slow spell of the machine (seconds long on a shared CPU) then hits every call alike instead of one
+  call's whole measurement, and the fastest repeat is the statistic the decodes are timed by
+  (`time_side_by_side`), so costs measured this way compare with them.
+  """
+  for fn, args in calls.values():
+    jax.block_until_ready(fn(*args))
+  best = {name: float('inf') for name in calls}
+  for _ in range(repeats):
+    for name, (fn, args) in calls.items():
+      start = time.perf_counter()
+      jax.block_until_ready(fn(*args))
+      best[name] = min(best[name], time.perf_counter() - start)
+  return best
+
+
 def _fresh_cache(module, params, enc: jax.Array, max_decode_length: int):
   """The decode cache of `module` for encoder inputs `enc` (encoded once)."""
   encoded = module.apply({'params': params}, enc, enable_dropout=False, method=module.encode)
@@ -67,13 +87,9 @@ def _call(module, params, cache, tokens_bk, position):
   return new_vars.get('cache', {}), sampling.argmax(logits[:, -1])
 
 
-def time_decode_calls(module, params, encoder_input_tokens: np.ndarray, max_decode_length: int,
-                      num_new_tokens: int, num_calls: int = 32, repeats: int = 5) -> float:
-  """Median seconds of one `decode_step` call with `num_new_tokens` tokens per row.
-
-  The calls run inside one jitted `lax.scan` (as they do inside the decode loops), at advancing positions
-  of a real encoded input, so dispatch overhead is not counted.
-  """
+def _decode_calls(module, params, encoder_input_tokens: np.ndarray, max_decode_length: int,
+                  num_new_tokens: int, num_calls: int):
+  """(jitted fn, its args): `num_calls` `decode_step` calls of `num_new_tokens` tokens per row in one scan."""
   enc = jnp.asarray(encoder_input_tokens)
   cache0 = _fresh_cache(module, params, enc, max_decode_length)
   rows = enc.shape[0]
@@ -87,7 +103,39 @@ def time_decode_calls(module, params, encoder_input_tokens: np.ndarray, max_deco
       return _call(module, params, cache, tokens, i % span)
     return jax.lax.scan(body, cache, jnp.arange(num_calls))
 
-  return median_seconds(calls, params, cache0, repeats=repeats) / num_calls
+  return calls, (params, cache0)
+
+
+def time_decode_calls(module, params, encoder_input_tokens: np.ndarray, max_decode_length: int,
+                      num_new_tokens: int, num_calls: int = 32, repeats: int = 5) -> float:
+  """Median seconds of one `decode_step` call with `num_new_tokens` tokens per row.
+
+  The calls run inside one jitted `lax.scan` (as they do inside the decode loops), at advancing positions
+  of a real encoded input, so dispatch overhead is not counted.
+  """
+  calls, args = _decode_calls(module, params, encoder_input_tokens, max_decode_length, num_new_tokens,
+                              num_calls)
+  return median_seconds(calls, *args, repeats=repeats) / num_calls
+
+
+def verify_cost_curve(module, params, encoder_input_tokens: np.ndarray, max_decode_length: int,
+                      max_tokens: int = 16, num_calls: int = 32, repeats: int = 5) -> Dict[str, Any]:
+  """The cost of a k-token `decode_step` call for k = 1..max_tokens, each in one compiled scan of calls,
+  the widths interleaved and each width's fastest repeat kept (`fastest_interleaved`).
+
+  Returns {'tokens': [1..K], 'call_s': seconds per call, 'ratio': call_s / the 1-token call's}: the
+  machine's side of speculative decoding (a round verifies γ drafts in one (γ+1)-token call), which
+  `theory.best_gamma` reads.
+  """
+  if max_tokens < 1:
+    raise ValueError(f'max_tokens must be >= 1, got {max_tokens!r}.')
+  if max_tokens >= max_decode_length:
+    raise ValueError(f'max_tokens ({max_tokens}) must be below the decode length ({max_decode_length}).')
+  tokens = list(range(1, max_tokens + 1))
+  best = fastest_interleaved({str(k): _decode_calls(module, params, encoder_input_tokens, max_decode_length, k,
+                                                    num_calls) for k in tokens}, repeats)
+  call_s = [best[str(k)] / num_calls for k in tokens]
+  return {'tokens': tokens, 'call_s': call_s, 'ratio': [t / call_s[0] for t in call_s]}
 
 
 def time_chained_calls(target_module, target_params, drafter_module, drafter_params,
@@ -136,10 +184,9 @@ def measure_costs(target_module, target_params, drafter_module, drafter_params,
           'c': t_draft / t_target, 'verify_cost_ratio': t_verify / t_target}
 
 
-def _median_loop_time(fn: Callable[[Any], Any], carry0: Any, iters: int, repeats: int) -> float:
-  """Median seconds of one `fn` application when `iters` run in one jitted fori_loop (compile excluded)."""
-  looped = jax.jit(lambda c: lax.fori_loop(0, iters, lambda _, c: fn(c), c))
-  return median_seconds(looped, carry0, repeats=repeats) / iters
+def _looped(fn: Callable[[Any], Any], iters: int) -> Callable[[Any], Any]:
+  """`iters` applications of `fn` in one jitted fori_loop."""
+  return jax.jit(lambda c: lax.fori_loop(0, iters, lambda _, c: fn(c), c))
 
 
 def _prefilled(module, params, encoder_input_tokens, max_decode_length, prefix_bl):
@@ -213,65 +260,75 @@ def time_phases(target_module, target_params, drafter_module, drafter_params,
   logits0, _ = decoding.verify_phase(spec, state0, drafts0)
   verdict0, logp0 = decoding.accept_phase(spec, state0, drafts0, logits0, rng)
 
-  def replay(state):  # the same round again, caches carried
-    return state.replace(cur_index=state0.cur_index, sequences=state0.sequences, ended=state0.ended,
+  def replay(state, acc):
+    """The same round again, caches carried. Its position and prefix are selected by a test the compiler
+    cannot decide (acc is never negative): as compile-time constants they would let XLA fold and hoist
+    position-dependent work and pick other kernels than the real loop, whose positions are loop values."""
+    opaque = acc < 0
+    return state.replace(cur_index=jnp.where(opaque, state.cur_index, state0.cur_index),
+                         sequences=jnp.where(opaque, state.sequences, state0.sequences), ended=state0.ended,
                          generated=state0.generated, draft_lag=state0.draft_lag)
 
   def draft_only(carry):
     state, acc = carry
-    drafts = decoding.draft_phase(spec, replay(state), rng)
+    drafts = decoding.draft_phase(spec, replay(state, acc), rng)
     return state.replace(draft_cache=drafts.cache), acc + jnp.sum(drafts.tokens_bg)
 
   def verify_only(carry):
     state, acc = carry
-    logits, cache = decoding.verify_phase(spec, replay(state), drafts0)
+    logits, cache = decoding.verify_phase(spec, replay(state, acc), drafts0)
     return state.replace(target_cache=cache), acc + jnp.sum(jnp.argmax(logits, axis=-1))
 
   def accept_only(carry):
     state, acc = carry
     # The logits depend on the carry, so the phase cannot be hoisted out of the loop.
     logits = logits0 + acc.astype(jnp.float32) * 0.0
-    verdict, _ = decoding.accept_phase(spec, replay(state), drafts0, logits, rng)
+    verdict, _ = decoding.accept_phase(spec, replay(state, acc), drafts0, logits, rng)
     return state, acc + jnp.sum(verdict.num_accepted_b) + jnp.sum(verdict.next_token_b)
 
   def commit_only(carry):
     state, acc = carry
     logits = logits0 + acc.astype(jnp.float32) * 0.0
-    new = decoding.commit_phase(spec, replay(state), drafts0, verdict0, logits, logp0,
+    new = decoding.commit_phase(spec, replay(state, acc), drafts0, verdict0, logits, logp0,
                                 state.target_cache, state.rng)
     return state, acc + jnp.sum(new.cur_index) + jnp.sum(new.sequences)
 
   def whole_round(carry):
     state, acc = carry
-    new = decoding.speculative_step(spec, replay(state))
+    new = decoding.speculative_step(spec, replay(state, acc))
     return new, acc + jnp.sum(new.cur_index)
 
   def baseline_round(carry):
     # temperature_sample's body: one 1-token call, argmax or sampling, the sequence write.
     (cache, seq_bl, rng_key), acc = carry
+    pos_b = jnp.where(acc < 0, 0, jnp.full((rows,), position, jnp.int32))  # a loop value, as in replay
     logits, cache = tokens_to_logits(decoding.DecodingState(
-        cur_index=jnp.full((rows,), position, jnp.int32), sequences=seq_bl,
-        cur_token=seq_bl[:, position:position + 1], cache=cache))
+        cur_index=pos_b, sequences=seq_bl,
+        cur_token=jnp.take_along_axis(seq_bl, pos_b[:, None], axis=1), cache=cache))
     if spec.fast_greedy:
       token_b = jnp.argmax(logits[:, 0], axis=-1).astype(jnp.int32)
     else:
       rng_key, step_rng = jax.random.split(rng_key)
       token_b = sampling.sample(step_rng, spec.adjust(logits[:, 0]))
-    seq_bl = seq_bl.at[:, position + 1].set(token_b)
+    seq_bl = seq_bl.at[jnp.arange(rows), pos_b + 1].set(token_b)
     return (cache, seq_bl, rng_key), acc + jnp.sum(token_b)
 
   acc0 = jnp.zeros((), jnp.int32)
   carries = {'baseline_round': ((target_cache, sequences_bl, jax.random.PRNGKey(2)), acc0)}
   fns = {'draft': draft_only, 'verify': verify_only, 'accept': accept_only, 'commit': commit_only,
          'round': whole_round, 'baseline_round': baseline_round}
-  return PhaseTimes(**{part: _median_loop_time(fns[part], carries.get(part, (state0, acc0)), iters, repeats)
-                       for part in parts})
+  # The parts interleaved, each part's fastest repeat (`fastest_interleaved`): their ratios (c, a) are what
+  # the in-loop prediction uses, and a slow spell of the machine then shifts none of them alone.
+  best = fastest_interleaved({part: (_looped(fns[part], iters), (carries.get(part, (state0, acc0)),))
+                              for part in parts}, repeats)
+  return PhaseTimes(**{part: best[part] / iters for part in parts})
 
 
 def time_fixed_costs(target_module, target_params, drafter_module, drafter_params,
                      batch: Mapping[str, np.ndarray], repeats: int = 5) -> Dict[str, float]:
   """Seconds of what every example pays once before its decode loop, baseline and speculative: the jitted
-  encoder(s) and cache init(s) (`SpeculativeEncoderDecoderModel._decoder_fns`) for the batch."""
+  encoder(s) and cache init(s) (`SpeculativeEncoderDecoderModel._decoder_fns`) for the batch, interleaved,
+  the fastest of `repeats` each."""
   enc = jnp.asarray(batch['encoder_input_tokens'])
   max_decode_length = batch['decoder_input_tokens'].shape[1]
   model = models.SpeculativeEncoderDecoderModel(target_module, None, decode_fn=decoding.temperature_sample)
@@ -282,8 +339,8 @@ def time_fixed_costs(target_module, target_params, drafter_module, drafter_param
 
   target = ((target_module, target_params),)
   both = target + ((drafter_module, drafter_params),)
-  return {'baseline': median_seconds(jax.jit(lambda: caches(target)), repeats=repeats),
-          'speculative': median_seconds(jax.jit(lambda: caches(both)), repeats=repeats)}
+  return fastest_interleaved({'baseline': (jax.jit(lambda: caches(target)), ()),
+                              'speculative': (jax.jit(lambda: caches(both)), ())}, repeats)
 
 
 # ----------------------------------------------------------------------------------------------------------

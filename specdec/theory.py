@@ -32,6 +32,7 @@ __all__ = [
     "operations_factor",
     "memory_reads_factor",
     "optimal_gamma",
+    "best_gamma",
     "speedup_lower_bound",
     "oracle_tokens",
     "alpha",
@@ -207,6 +208,52 @@ def optimal_gamma(alpha, c, max_gamma=DEFAULT_MAX_GAMMA):
     if best_g.ndim == 0:
         return int(best_g), float(best_s)
     return best_g, best_s
+
+
+def best_gamma(alpha, c, verify_cost_ratios, max_gamma=None):
+    """The γ that maximises the speedup predicted from measured costs, with the verify call's real cost.
+
+    Thm 3.8 (``optimal_gamma``) assumes a (γ+1)-token target call costs one 1-token call. On hardware where it
+    does not (a CPU: 1.0-1.9 one-token calls for 2-16 tokens), the best γ is smaller. Here one round costs
+    γ·c + r(γ+1) one-token target calls, r(k) the measured cost of a k-token call over a 1-token call, and
+    yields E[#tokens] = (1 - α^(γ+1)) / (1 - α) (Eq. 1), so
+
+        speedup(γ) = E[#tokens] / (γ·c + r(γ+1)),
+
+    maximised over the γ whose γ+1 the curve holds (ties to the smaller γ). With r ≡ 1 this is
+    ``optimal_gamma``.
+
+    Args:
+      alpha: acceptance rate α in [0, 1] (a scalar).
+      c: a draft step's cost over a 1-token target call (>= 0; the in-loop c where measured).
+      verify_cost_ratios: {k: r(k)} for k >= 2 tokens per call (a k = 1 entry, if given, must be 1), e.g.
+        ``profiling.verify_cost_curve``'s ratios; each r(k) > 0.
+      max_gamma: optional upper limit on γ.
+
+    Returns:
+      ``(gamma, speedup)`` as Python ``(int, float)``.
+    """
+    a = float(_check_alpha(alpha))
+    cc = float(_check_nonneg(c, "c"))
+    try:
+        curve = {int(k): float(v) for k, v in dict(verify_cost_ratios).items()}
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"verify_cost_ratios must map tokens per call to cost ratios, got {verify_cost_ratios!r}") from e
+    for k, r in curve.items():
+        if k < 1 or not np.isfinite(r) or r <= 0:
+            raise ValueError(f"verify_cost_ratios needs k >= 1 and finite r(k) > 0, got r({k}) = {r!r}")
+    if 1 in curve and not np.isclose(curve[1], 1.0):
+        raise ValueError(f"verify_cost_ratios[1] is a 1-token call over itself and must be 1, got {curve[1]!r}")
+    if max_gamma is not None:
+        if isinstance(max_gamma, bool) or not isinstance(max_gamma, numbers.Integral) or max_gamma < 1:
+            raise ValueError(f"max_gamma must be an integer >= 1, got {max_gamma!r}")
+    gammas = sorted(k - 1 for k in curve if k >= 2 and (max_gamma is None or k - 1 <= max_gamma))
+    if not gammas:
+        raise ValueError("verify_cost_ratios holds no k >= 2 (within max_gamma + 1): no γ to choose from, "
+                         f"got keys {sorted(curve)}")
+    speedups = [float(_geometric_sum(np.float64(a), g)) / (g * cc + curve[g + 1]) for g in gammas]
+    best = int(np.argmax(speedups))  # first maximum: the smaller γ on ties
+    return gammas[best], speedups[best]
 
 
 def speedup_lower_bound(alpha, c):

@@ -292,3 +292,23 @@ class TestDecodeAndScore:
     assert len(result['predictions']) == 6
     assert result['predictions'] == [''] * 6
     assert result['metrics']['bleu'] == pytest.approx(0.0)
+
+
+def test_target_confidence_reads_the_targets_own_greedy_decodes():
+  import jax  # pylint: disable=g-import-not-at-top
+  from specdec import network  # pylint: disable=g-import-not-at-top
+  vocab = 48
+  config = network.t5_1_1_config('tiny', vocab_size=vocab)
+  module, params = network.Transformer(config), network.init_params(config, jax.random.PRNGKey(3))
+  rng = np.random.RandomState(0)
+  examples = [{'inputs': rng.randint(2, vocab, size=rng.randint(3, 8))} for _ in range(5)]
+  lengths = {'inputs': 8, 'targets': 12}
+  conf = evaluation.target_confidence(module, params, examples, lengths, batch_size=2)
+  assert conf['examples'] == 5
+  assert 5 <= conf['positions'] <= 5 * 12
+  # The greedy tokens are the teacher-forced argmax at every position: the decode is fed shifted right by one,
+  # as the loop fed it (a misaligned shift would agree at about 1/V of them).
+  assert conf['argmax_agreement'] == 1.0
+  assert 1.0 / vocab <= conf['top1_median'] <= 1.0 and 1.0 / vocab <= conf['top1_mean'] <= 1.0
+  assert 0.0 <= conf['share_top1_at_least_0.9'] <= conf['share_top1_at_least_0.5'] <= 1.0
+  assert 0.0 <= conf['entropy_mean_nats'] <= np.log(vocab) + 1e-5

@@ -44,6 +44,19 @@ def test_time_decode_calls_is_positive_and_finite(pair):
     assert isinstance(t, float) and math.isfinite(t) and t > 0
 
 
+def test_verify_cost_curve_is_one_entry_per_width(pair):
+  (module, params), _ = pair
+  curve = profiling.verify_cost_curve(module, params, _batch()['encoder_input_tokens'], max_decode_length=8,
+                                      max_tokens=3, num_calls=2, repeats=1)
+  assert curve['tokens'] == [1, 2, 3] and len(curve['call_s']) == 3
+  assert all(math.isfinite(t) and t > 0 for t in curve['call_s'])
+  assert curve['ratio'][0] == 1.0
+  np.testing.assert_allclose(curve['ratio'], np.asarray(curve['call_s']) / curve['call_s'][0])
+  with pytest.raises(ValueError, match='below the decode length'):
+    profiling.verify_cost_curve(module, params, _batch()['encoder_input_tokens'], max_decode_length=4,
+                                max_tokens=4)
+
+
 def test_measure_costs_ratios(monkeypatch):
   calls = []
   fake_times = {('target', 1): 0.010, ('target', 5): 0.013, ('drafter', 1): 0.002}

@@ -33,6 +33,11 @@ def test_pooled_alpha_weights_by_judged_drafts():
   assert ablate._pooled_alpha([]) == 0.0
 
 
+def test_verify_curve_is_read_from_the_runs_costs():
+  runs = [dict(_run(g, 0.004), costs={'verify_cost_ratio': r}) for g, r in ((1, 1.1), (2, 1.4), (4, 1.6))]
+  assert ablate.verify_curve(runs) == {2: 1.1, 3: 1.4, 5: 1.6}
+
+
 def test_needed_alpha_takes_the_best_gamma_and_says_unreachable():
   fit = {'c_in_situ': 0.1, 'a_over_t_tok': 1.2}
   alpha, gamma = ablate.needed_alpha(fit, 2.0, 10)

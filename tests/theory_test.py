@@ -321,3 +321,48 @@ def test_required_alpha_edges():
   assert np.isnan(theory.required_alpha(10.0, 3, 0.5))  # γ+1 = 4 tokens per call cannot pay for 10x
   with pytest.raises(ValueError):
     theory.required_alpha(2.0, 0, 0.1)
+
+
+# ---------------------------------------------------------------------------
+# best_gamma: the optimal γ with the measured verify-cost curve.
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize('a', [0.3, 0.6, 0.8, 0.9, 0.99])
+@pytest.mark.parametrize('c', [0.0, 0.02, 0.2])
+def test_best_gamma_with_a_flat_curve_is_thm38s(a, c):
+  flat = {k: 1.0 for k in range(1, 33)}
+  assert theory.best_gamma(a, c, flat) == pytest.approx(theory.optimal_gamma(a, c, max_gamma=31))
+
+
+def test_best_gamma_by_hand():
+  # α = 0.8, c = 0.1; r(2) = 1.5, r(3) = 1.6, r(5) = 2.5: E[tokens] 1.8, 2.44, 3.3616 over 1.6, 1.8, 2.9.
+  gamma, speedup = theory.best_gamma(0.8, 0.1, {2: 1.5, 3: 1.6, 5: 2.5})
+  assert gamma == 2 and speedup == pytest.approx(2.44 / 1.8)
+  # A costlier verify call moves the best γ down from Thm 3.8's.
+  steep = {k: 1.0 + 0.25 * (k - 1) for k in range(1, 17)}
+  assert theory.best_gamma(0.9, 0.02, steep)[0] < theory.optimal_gamma(0.9, 0.02, max_gamma=15)[0]
+  # Ties go to the smaller γ; max_gamma limits the search.
+  assert theory.best_gamma(0.0, 0.0, {2: 1.0, 3: 1.0})[0] == 1
+  assert theory.best_gamma(0.99, 0.0, {k: 1.0 for k in range(2, 17)}, max_gamma=4)[0] == 4
+
+
+@pytest.mark.parametrize('curve, match', [
+    ({1: 1.0}, 'no γ to choose from'),
+    ({2: 0.0}, r'r\(k\) > 0'),
+    ({2: float('nan')}, r'r\(k\) > 0'),
+    ({1: 1.2, 2: 1.5}, 'must be 1'),
+    ('abc', 'must map tokens per call'),
+])
+def test_best_gamma_refuses_bad_curves(curve, match):
+  with pytest.raises(ValueError, match=match):
+    theory.best_gamma(0.5, 0.1, curve)
+
+
+def test_best_gamma_refuses_bad_alpha_c_and_max_gamma():
+  with pytest.raises(ValueError, match='alpha'):
+    theory.best_gamma(1.5, 0.1, {2: 1.0})
+  with pytest.raises(ValueError, match='c must be >= 0'):
+    theory.best_gamma(0.5, -0.1, {2: 1.0})
+  with pytest.raises(ValueError, match='max_gamma'):
+    theory.best_gamma(0.5, 0.1, {2: 1.0}, max_gamma=0)
