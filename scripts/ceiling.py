@@ -8,7 +8,7 @@ with the oracle drafter of controlled acceptance (`specdec/oracle.py`) at every 
 drafters (--shipped) so the report places them under the ceiling; measures the target's verify-cost curve and
 the in-loop costs in the same run, and the target's confidence on --confidence_examples held-out inputs.
 Writes <out>/ceiling.{md,json,png}. Resumable: progress is kept in --state (delete it to measure afresh).
-Takes about half an hour on 2 cores; measure on a quiet machine.
+Takes about 45 minutes on 2 cores; measure on a quiet machine.
 """
 
 import argparse
@@ -17,24 +17,13 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from compare_drafters import LENGTHS, TASKS, parse_run  # pylint: disable=g-import-not-at-top,wrong-import-position
 from specdec import benchmark  # pylint: disable=g-import-not-at-top,wrong-import-position
 from specdec import ceiling
 from specdec import checkpoints
 from specdec import evaluation
 from specdec import fileio
 from specdec import main as specdec_main
-from specdec import tasks
-
-TASKS = {'ende': tasks.ENDE_LOCAL_TASK, 'summarize': tasks.SUMMARIZE_LOCAL_TASK}
-LENGTHS = {'inputs': 96, 'targets': 48}
-
-
-def parse_shipped(text: str):
-  """'drafter:γ' -> (drafter, γ)."""
-  name, _, gamma = text.rpartition(':')
-  if not name or not gamma.isdigit() or int(gamma) < 1:
-    raise argparse.ArgumentTypeError(f'a shipped drafter is NAME:GAMMA with GAMMA >= 1, got {text!r}')
-  return name, int(gamma)
 
 
 def parse_args(argv=None):
@@ -48,7 +37,7 @@ def parse_args(argv=None):
   parser.add_argument('--repeats', type=int, default=3)
   parser.add_argument('--seed', type=int, default=0, help="the oracle's draws")
   parser.add_argument('--max_verify_tokens', type=int, default=16)
-  parser.add_argument('--shipped', nargs='*', type=parse_shipped, default=[('bigram', 1), ('trigram', 1),
+  parser.add_argument('--shipped', nargs='*', type=parse_run, default=[('bigram', 1), ('trigram', 1),
                                                                             ('d1kd', 1)],
                       help='trained drafters to place under the ceiling, NAME:GAMMA (looked up in --models)')
   parser.add_argument('--confidence_examples', type=int, default=256,

@@ -98,9 +98,11 @@ def target_confidence(module, params, examples: List[Mapping[str, Any]], feature
   predict = baseline.compile_predict({'temperature': 0.0})
 
   @jax.jit
-  def top1_and_entropy(params, encoder_input_tokens, decodes_bl):
+  def top1_and_entropy(params, encoder_input_tokens, decodes_bl, valid_bl):
     decoder_input_tokens = jnp.pad(decodes_bl, ((0, 0), (1, 0)))[:, :-1]
-    logits = module.apply({'params': params}, encoder_input_tokens, decoder_input_tokens, decodes_bl,
+    # The network masks target positions whose `decoder_target_tokens` are 0 (padding); a generated id 0 is
+    # a real token here, so the mask is the generated span, not the token ids.
+    logits = module.apply({'params': params}, encoder_input_tokens, decoder_input_tokens, valid_bl,
                           enable_dropout=False)
     logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
     entropy = -jnp.sum(jnp.exp(logp) * logp, axis=-1)
@@ -110,10 +112,13 @@ def target_confidence(module, params, examples: List[Mapping[str, Any]], feature
   for batch, chunk in batches(examples, feature_lengths, batch_size):
     decodes_bl, _ = predict({'target': params}, batch)
     decodes_bl = np.asarray(decodes_bl)
-    p_bl, h_bl, same_bl = map(np.asarray, top1_and_entropy(params, batch['encoder_input_tokens'], decodes_bl))
+    lengths_b = np.asarray([int(np.flatnonzero(row == eos_id)[0]) + 1 if np.any(row == eos_id) else len(row)
+                            for row in decodes_bl])
+    valid_bl = (np.arange(decodes_bl.shape[1])[None] < lengths_b[:, None]).astype(np.int32)
+    p_bl, h_bl, same_bl = map(np.asarray, top1_and_entropy(params, batch['encoder_input_tokens'], decodes_bl,
+                                                           valid_bl))
     for row in range(len(chunk)):
-      eos = np.flatnonzero(decodes_bl[row] == eos_id)
-      n = int(eos[0] + 1) if eos.size else int(np.count_nonzero(decodes_bl[row]))
+      n = lengths_b[row]
       top1.append(p_bl[row, :n])
       entropy.append(h_bl[row, :n])
       agree.append(same_bl[row, :n])
