@@ -1,13 +1,15 @@
 """The ceiling: measured speedup of the real loop against a controlled acceptance rate.
 
   python scripts/ceiling.py                       # the full grid on models/cpu_v2, 32 En→De test examples
-  python scripts/ceiling.py --alphas 0.5 0.9 --gammas 1 4 --batch_sizes 1 --examples 8 --out /tmp/ceiling
+  python scripts/ceiling.py --alphas 0.5 0.9 --gammas 1 4 --batch_sizes 1 --examples 8 \
+      --out runs/ceiling_try --state runs/ceiling_try/state.json
 
 Decodes the first --examples test examples greedily with the baseline and, interleaved with it batch by batch,
 with the oracle drafter of controlled acceptance (`specdec/oracle.py`) at every α* × γ, and with the shipped
 drafters (--shipped) so the report places them under the ceiling; measures the target's verify-cost curve and
 the in-loop costs in the same run, and the target's confidence on --confidence_examples held-out inputs.
-Writes <out>/ceiling.{md,json,png}. Resumable: progress is kept in --state (delete it to measure afresh).
+Writes <out>/ceiling.{md,json,png}. Resumable: progress is kept in --state (delete it to measure afresh; a
+state file of other settings or inputs is refused, never overwritten).
 Takes about 45 minutes on 2 cores; measure on a quiet machine.
 """
 

@@ -92,10 +92,10 @@ class _State:
     if path and fileio.exists(path):
       with fileio.open(path, 'rb') as f:
         old = json.loads(f.read())
-      if {k: old.get(k) for k in head} == head:
-        self.data = old
-      else:
-        print(f'{path} holds a run of other settings or inputs; starting afresh.', flush=True)
+      if {k: old.get(k) for k in head} != head:
+        raise ValueError(f'{path} holds a run of other settings or inputs: delete it to measure afresh, or '
+                         'give this run another state file.')
+      self.data = old
 
   def save(self) -> None:
     if self.path:

@@ -86,8 +86,8 @@ def test_measure_resumes_without_timing_again(measured, monkeypatch):
   again = ceiling.measure(*target, _examples(), LENGTHS, SETTINGS, {'tiny_drafter': (*drafter, 1)},
                           state_path=state_path, log=lambda line: None)
   assert again['batches'] == state['batches'] and again['costs'] == state['costs']
-  # Other inputs start afresh (and so measure).
-  with pytest.raises(AssertionError, match='measured again'):
+  # Other inputs are refused, before anything is measured: the state of another run is never overwritten.
+  with pytest.raises(ValueError, match='holds a run of other settings or inputs'):
     ceiling.measure(*target, _examples(3), LENGTHS, SETTINGS, {'tiny_drafter': (*drafter, 1)},
                     state_path=state_path, log=lambda line: None)
 
