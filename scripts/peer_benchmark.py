@@ -1,4 +1,4 @@
-"""specdec beside Hugging Face assisted generation on the same weights (issue 11).
+"""specdec beside Hugging Face assisted generation on the same weights.
 
   pip install -e '.[peers]'
   python scripts/peer_benchmark.py --target target --drafter d1kd --task ende --gamma 4 --examples 16

@@ -1,4 +1,4 @@
-"""A CPU rehearsal of the Table-2 path on Cloud TPU (issue 13), on 8 simulated devices.
+"""A CPU rehearsal of the Table-2 path on Cloud TPU, on 8 simulated devices.
 
 The steps the TPU run takes, at toy scale, in one spawned process with
 8 CPU devices (see tests/partitioning_test.py for why a helper process):
@@ -22,8 +22,8 @@ the fine-tuned target's own greedy decodes on one device; the row's fields
 are present and in range; the checkpoints were read into 4x2 shards.
 
 T5's vocabulary (gs://t5-data/vocabs/cc_all.32000) cannot be read here: the
-shipped 8100-id SentencePiece model stands in (vocab_size 8192). Measured
-time: see the report of issue 13 (about a minute on 2 idle cores).
+shipped 8100-id SentencePiece model stands in (vocab_size 8192). It takes
+about a minute on 2 idle cores.
 """
 
 import contextlib
