@@ -140,10 +140,10 @@ def measure(target_module, target_params, examples: Sequence[Mapping[str, Any]],
   base = models.SpeculativeEncoderDecoderModel(target_module, None, decode_fn=decoding.temperature_sample)
   greedy = {'temperature': 0.0, 'topk': 0, 'topp': 0.0}
   base_predict = base.compile_predict(greedy)
-  spec_predict = {}
-  for gamma in settings.gammas:
-    spec = models.SpeculativeEncoderDecoderModel(target_module, oracle_module, decode_fn=decoding.speculative_sample)
-    spec_predict[gamma] = spec.compile_predict(dict(greedy, gamma=gamma, return_stats=True))
+  oracle_spec = models.SpeculativeEncoderDecoderModel(target_module, oracle_module,
+                                                      decode_fn=decoding.speculative_sample)
+  spec_predict = {gamma: oracle_spec.compile_predict(dict(greedy, gamma=gamma, return_stats=True))
+                  for gamma in settings.gammas}
   shipped_predict = {}
   for name, (module, params, gamma) in shipped.items():
     spec = models.SpeculativeEncoderDecoderModel(target_module, module, decode_fn=decoding.speculative_sample)
@@ -154,7 +154,7 @@ def measure(target_module, target_params, examples: Sequence[Mapping[str, Any]],
   for batch_size in settings.batch_sizes:
     key = str(batch_size)
     batches = benchmark.make_batches(examples, lengths, batch_size, True)
-    first_idx, first = batches[0]
+    _, first = batches[0]
     first_decodes = np.asarray(base_predict(target_only, first)[0])
     costs = state.data['costs'].setdefault(key, {})
     if 'verify_curve' not in costs:
@@ -292,24 +292,23 @@ def report(state: Mapping[str, Any], confidence: Optional[Mapping[str, float]] =
     costs = state['costs'][key]
     curve = costs['verify_curve']
     ratio_of = dict(zip(curve['tokens'], curve['ratio']))
-    c_by_gamma, a_by_gamma = {}, {}
+    # The in-loop costs of the full batch at each γ (the shrinking stages' sizes are read per row below).
+    full = {g: costs['in_loop'][f'{g}/{batch_size}'] for g in settings.gammas}
     for gamma in settings.gammas:
       by_rows = {rows: costs['in_loop'][f'{gamma}/{rows}'] for rows in batch_shrink.stage_sizes(batch_size)}
-      full = by_rows[batch_size]
-      c_by_gamma[gamma], a_by_gamma[gamma] = full['c_in_loop'], full['round_fixed_in_loop']
       for alpha in settings.alphas:
         r = _row(records, 'oracle', oracle_label(alpha, gamma), batch_size, by_rows)
-        r.update(drafter=CONTROLLED, alpha_target=alpha, gamma=gamma, c_in_loop=full['c_in_loop'],
-                 a_in_loop=full['round_fixed_in_loop'], verify_ratio=ratio_of.get(gamma + 1),
-                 predicted_thm38=theory.expected_speedup(min(max(r['alpha_measured'], 0.0), 1.0), gamma,
-                                                         full['c_in_loop']),
-                 expected_tokens_per_call=theory.expected_tokens(min(max(r['alpha_measured'], 0.0), 1.0), gamma))
+        # α measured is accepted / judged, in [0, 1] by construction.
+        r.update(drafter=CONTROLLED, alpha_target=alpha, gamma=gamma, c_in_loop=full[gamma]['c_in_loop'],
+                 a_in_loop=full[gamma]['round_fixed_in_loop'], verify_ratio=ratio_of.get(gamma + 1),
+                 predicted_thm38=theory.expected_speedup(r['alpha_measured'], gamma, full[gamma]['c_in_loop']),
+                 expected_tokens_per_call=theory.expected_tokens(r['alpha_measured'], gamma))
         rows.append(r)
     for name, gamma in state['identity']['shipped'].items():
       r = _row(records, 'shipped', name, batch_size)
       r.update(drafter=name, gamma=gamma)
       shipped_rows.append(r)
-    c_median = float(np.median(list(c_by_gamma.values())))
+    c_median = float(np.median([full[g]['c_in_loop'] for g in settings.gammas]))
     grid_curve = {g + 1: ratio_of[g + 1] for g in settings.gammas}
     for alpha in settings.alphas:
       mine = [r for r in rows if r['batch'] == batch_size and r['alpha_target'] == alpha]
@@ -324,14 +323,13 @@ def report(state: Mapping[str, Any], confidence: Optional[Mapping[str, float]] =
                    'measured_at_helper_gamma': at.get(helper_gamma),
                    'optimal_gamma_thm38': paper_gamma, 'thm38_predicted_speedup': paper_speedup,
                    'measured_at_thm38_gamma': at.get(paper_gamma)})
-    costs_out[key] = {'verify_curve': curve, 'c_in_loop': {str(g): c for g, c in c_by_gamma.items()},
-                      'a_in_loop': {str(g): a for g, a in a_by_gamma.items()}, 'c_median': c_median,
-                      'baseline_round_s': costs['in_loop'][f'{settings.gammas[0]}/{batch_size}']['baseline_round_s'],
-                      'round_s': {str(g): costs['in_loop'][f'{g}/{batch_size}']['round_s'] for g in settings.gammas},
-                      'draft_s': {str(g): costs['in_loop'][f'{g}/{batch_size}']['draft_s'] for g in settings.gammas},
-                      'baseline_fixed_s': costs['in_loop'][f'{settings.gammas[0]}/{batch_size}']['baseline_fixed_s'],
-                      'speculative_fixed_s': {str(g): costs['in_loop'][f'{g}/{batch_size}']['speculative_fixed_s']
-                                              for g in settings.gammas}}
+    per_gamma = lambda field: {str(g): full[g][field] for g in settings.gammas}
+    first = full[settings.gammas[0]]
+    costs_out[key] = {'verify_curve': curve, 'c_in_loop': per_gamma('c_in_loop'),
+                      'a_in_loop': per_gamma('round_fixed_in_loop'), 'c_median': c_median,
+                      'baseline_round_s': first['baseline_round_s'], 'baseline_fixed_s': first['baseline_fixed_s'],
+                      'round_s': per_gamma('round_s'), 'draft_s': per_gamma('draft_s'),
+                      'speculative_fixed_s': per_gamma('speculative_fixed_s')}
     fitted = _fitted_round_costs(records, {g: [oracle_label(a, g) for a in settings.alphas]
                                            for g in settings.gammas}) if batch_size == 1 else None
     if fitted:

@@ -251,7 +251,8 @@ def best_gamma(alpha, c, verify_cost_ratios, max_gamma=None):
     if not gammas:
         raise ValueError("verify_cost_ratios holds no k >= 2 (within max_gamma + 1): no γ to choose from, "
                          f"got keys {sorted(curve)}")
-    speedups = [float(_geometric_sum(np.float64(a), g)) / (g * cc + curve[g + 1]) for g in gammas]
+    # In one-token-call units: a draft step costs c, the verify call r(γ+1), a baseline token 1.
+    speedups = [predicted_speedup_from_costs(a, g, cc, 1.0, curve[g + 1]) for g in gammas]
     best = int(np.argmax(speedups))  # first maximum: the smaller γ on ties
     return gammas[best], speedups[best]
 
