@@ -167,7 +167,7 @@ class SpeculativeEncoderDecoderModel:
   # Decoding.
   # -------------------------------------------------------------------------
 
-  def _decoder_fns(self, module, params, encoder_input_tokens, max_decode_length,
+  def decoder_fns(self, module, params, encoder_input_tokens, max_decode_length,
                    constrain_cache: Optional[Callable[[PyTree], PyTree]] = None):
     """Encodes once and returns (cache, tokens_to_logits) for one network.
 
@@ -241,14 +241,14 @@ class SpeculativeEncoderDecoderModel:
     inputs = (decoder_input_tokens if prompt_with_targets
               else jnp.zeros_like(decoder_input_tokens))
 
-    cache, tokens_to_logits = self._decoder_fns(
+    cache, tokens_to_logits = self.decoder_fns(
         self.module, params[TARGET], encoder_input_tokens, max_decode_length,
         constrain_cache)
     kwargs = dict(inputs=inputs, cache=cache, tokens_to_logits=tokens_to_logits,
                   eos_id=self.eos_id, decode_rng=rng, num_decodes=num_decodes,
                   cache_offset=0)
     if _uses_drafter(self.decode_fn):
-      draft_cache, draft_tokens_to_logits = self._decoder_fns(
+      draft_cache, draft_tokens_to_logits = self.decoder_fns(
           self.drafter_module, params[DRAFTER], encoder_input_tokens,
           max_decode_length, constrain_cache)
       kwargs.update(draft_cache=draft_cache,

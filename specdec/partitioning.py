@@ -706,7 +706,7 @@ class ShardedPredictor:
 
     def build(params, batch):
       length = batch['decoder_input_tokens'].shape[1]
-      return {name: self.model._decoder_fns(  # pylint: disable=protected-access
+      return {name: self.model.decoder_fns(
           module, params[name], batch['encoder_input_tokens'], length,
           self.constrain_cache)[0]
               for name, module in modules.items()

@@ -192,7 +192,7 @@ def _looped(fn: Callable[[Any], Any], iters: int) -> Callable[[Any], Any]:
 def _prefilled(module, params, encoder_input_tokens, max_decode_length, prefix_bl):
   """(cache, tokens_to_logits) with the cache holding `prefix_bl` at positions 0..P-1 (one k-token call)."""
   model = models.SpeculativeEncoderDecoderModel(module, None, decode_fn=decoding.temperature_sample)
-  cache, tokens_to_logits = model._decoder_fns(  # pylint: disable=protected-access
+  cache, tokens_to_logits = model.decoder_fns(
       module, params, encoder_input_tokens, max_decode_length)
   rows = prefix_bl.shape[0]
   _, cache = tokens_to_logits(decoding.DecodingState(
@@ -327,14 +327,14 @@ def time_phases(target_module, target_params, drafter_module, drafter_params,
 def time_fixed_costs(target_module, target_params, drafter_module, drafter_params,
                      batch: Mapping[str, np.ndarray], repeats: int = 5) -> Dict[str, float]:
   """Seconds of what every example pays once before its decode loop, baseline and speculative: the jitted
-  encoder(s) and cache init(s) (`SpeculativeEncoderDecoderModel._decoder_fns`) for the batch, interleaved,
+  encoder(s) and cache init(s) (`SpeculativeEncoderDecoderModel.decoder_fns`) for the batch, interleaved,
   the fastest of `repeats` each."""
   enc = jnp.asarray(batch['encoder_input_tokens'])
   max_decode_length = batch['decoder_input_tokens'].shape[1]
   model = models.SpeculativeEncoderDecoderModel(target_module, None, decode_fn=decoding.temperature_sample)
 
   def caches(modules_and_params):
-    return [model._decoder_fns(m, p, enc, max_decode_length)[0]  # pylint: disable=protected-access
+    return [model.decoder_fns(m, p, enc, max_decode_length)[0]
             for m, p in modules_and_params]
 
   target = ((target_module, target_params),)

@@ -242,9 +242,9 @@ class TestValidation:
     model = models.SpeculativeEncoderDecoderModel(
         network.Transformer(TARGET_CFG), network.Transformer(DRAFTER_CFG))
     batch = _batch(target_len=8)
-    cache, fn = model._decoder_fns(model.module, params['target'],  # pylint: disable=protected-access
+    cache, fn = model.decoder_fns(model.module, params['target'],
                                    batch['encoder_input_tokens'], 6)
-    draft_cache, draft_fn = model._decoder_fns(  # pylint: disable=protected-access
+    draft_cache, draft_fn = model.decoder_fns(
         model.drafter_module, params['drafter'], batch['encoder_input_tokens'], 8)
     with pytest.raises(ValueError, match='max_decode_length >= 8'):
       decoding.speculative_sample(jnp.zeros((6, 8), jnp.int32), cache, fn,
