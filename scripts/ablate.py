@@ -24,9 +24,12 @@ import numpy as np
 # Runnable from a checkout without the package installed (as the repo's shell scripts call it).
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from specdec import benchmark  # pylint: disable=g-import-not-at-top,wrong-import-position
-from specdec import checkpoints
+from specdec import fileio
 from specdec import fingerprint
 from specdec import main as launcher
+from specdec import plots
+from specdec import profiling
+from specdec import reporting
 from specdec import tables
 from specdec import tasks
 from specdec import theory
@@ -99,15 +102,15 @@ def _run_all(args, grid):
     if drafter not in loaded:
       loaded[drafter] = launcher.load_network(_drafter_dir(args, drafter))
     summaries.append(benchmark.run(
-        target_module, target_params, *loaded[drafter], plan['task'], 'test', LENGTHS, plan['setting'],
-        plan['dir'], args.max_examples, drafter_name=drafter, write_plot=False,
-        extra_info={'command_full': ' '.join(['python'] + sys.argv)}, provenance=plan['provenance'],
-        overwrite=args.overwrite, remedy=REMEDY))
+        benchmark.ModelPair(target_module, target_params, *loaded[drafter], drafter_name=drafter),
+        benchmark.TaskSplit(plan['task'], 'test', LENGTHS, args.max_examples), plan['setting'],
+        benchmark.Output(plan['dir'], overwrite=args.overwrite, provenance=plan['provenance'], remedy=REMEDY,
+                         write_plot=False, extra_info={'command_full': ' '.join(['python'] + sys.argv)})))
   return summaries
 
 
 def _header(args, title):
-  machine = benchmark.machine_info()
+  machine = reporting.machine_info()
   return (f'# {title}\n\n`{" ".join(["python"] + sys.argv)}` · {datetime.date.today().isoformat()} · '
           f'{machine["processor"]}, {machine["cpu_count"]} CPUs, jax {machine["jax"]}'
           f' · first {args.max_examples} test examples per task, batch 1, {args.repeats} timed repeat(s) per '
@@ -177,16 +180,18 @@ def verify_curve(runs):
 
 
 def in_loop_costs(runs):
-  """Fits t_iter(γ) = a + b·γ over a drafter's γ runs; returns a, b, t_tok and their ratios (seconds)."""
-  gammas = np.array([s['setting']['gamma'] for s in runs], float)
+  """Fits t_iter(γ) = a + b·γ over a drafter's γ runs (`profiling.fit_fixed_and_per_step`, γ as the steps);
+  returns a, b, t_tok and their ratios (seconds). With a single γ there is no slope: b is nan."""
+  gammas = [s['setting']['gamma'] for s in runs]
   t_iter = np.array([s['speculative_seconds'] / s['target_calls'] for s in runs])
   t_tok = float(sum(s['baseline_seconds'] for s in runs) / sum(s['baseline_tokens'] for s in runs))
-  if len(set(gammas)) < 2:
+  try:
+    fit = profiling.fit_fixed_and_per_step(gammas, t_iter)
+  except ValueError:  # a single γ: no slope
     return {'a': float(t_iter.mean()), 'b': float('nan'), 't_tok': t_tok, 'c_in_situ': float('nan'),
             'a_over_t_tok': float(t_iter.mean()) / t_tok}
-  b, a = np.polyfit(gammas, t_iter, 1)
-  return {'a': float(a), 'b': float(b), 't_tok': t_tok, 'c_in_situ': float(b) / t_tok,
-          'a_over_t_tok': float(a) / t_tok}
+  a, b = fit['fixed_s'], fit['per_step_s']
+  return {'a': a, 'b': b, 't_tok': t_tok, 'c_in_situ': b / t_tok, 'a_over_t_tok': a / t_tok}
 
 
 def needed_alpha(fit, speedup, max_gamma):
@@ -203,12 +208,11 @@ def needed_alpha(fit, speedup, max_gamma):
 
 def _pooled_alpha(runs):
   """Kept / judged drafts over all runs of one drafter (the MLE of α under Thm 3.8's i.i.d. model)."""
-  judged = sum(s['judged'] for s in runs)
-  return float(sum(s['accepted'] for s in runs) / judged) if judged else 0.0
+  return float(reporting.acceptance_rate(sum(s['accepted'] for s in runs), sum(s['judged'] for s in runs)))
 
 
 def _plot_gamma(path, curves, task_name):
-  plt = benchmark.pyplot()
+  plt = plots.pyplot()
   fig, ax = plt.subplots(figsize=(7, 4.5))
   for n, ((drafter, temp), (runs, alpha, c)) in enumerate(sorted(curves.items())):
     color = f'C{n}'
@@ -226,7 +230,7 @@ def _plot_gamma(path, curves, task_name):
   ax.set_ylabel('speedup over the baseline')
   ax.set_title(f'γ ablation, {task_name}, batch 1, CPU')
   ax.legend(fontsize=7)
-  benchmark.save_png(fig, path)
+  plots.save_png(fig, path)
 
 
 def drafter_sweep(args):
@@ -253,7 +257,7 @@ def drafter_sweep(args):
 
 
 def _plot_drafters(path, summaries, drafters):
-  plt = benchmark.pyplot()
+  plt = plots.pyplot()
   keys = sorted({(s['task'], s['setting']['temperature']) for s in summaries})
   fig, axes = plt.subplots(1, 3, figsize=(13, 4))
   width = 0.8 / max(len(keys), 1)
@@ -270,12 +274,12 @@ def _plot_drafters(path, summaries, drafters):
     ax.set_title(title)
   axes[2].axhline(1.0, color='k', lw=0.8)
   axes[0].legend(fontsize=7)
-  benchmark.save_png(fig, path)
+  plots.save_png(fig, path)
 
 
 def _write(out, name, text, summaries):
-  checkpoints.atomic_write(os.path.join(out, f'{name}.md'), text.encode())
-  checkpoints.atomic_write(os.path.join(out, f'{name}.json'), json.dumps(summaries, indent=2).encode())
+  fileio.atomic_write(os.path.join(out, f'{name}.md'), text.encode())
+  fileio.atomic_write(os.path.join(out, f'{name}.json'), json.dumps(summaries, indent=2).encode())
   print(text, flush=True)
 
 

@@ -33,10 +33,11 @@ import time
 import jax
 import numpy as np
 
-from specdec import checkpoints
 from specdec import decoding
 from specdec import evaluation
+from specdec import fileio
 from specdec import fingerprint as fingerprint_lib
+from specdec import loading
 from specdec import models
 from specdec import tasks
 
@@ -125,8 +126,8 @@ def distill_task(task_name, corpus_dir, out_dir, predict, params, lengths,
     row = dict(row, gold_targets=row['targets'], targets=text)
     lines.append(json.dumps(row, ensure_ascii=False))
   os.makedirs(os.path.join(out_dir, task_dir), exist_ok=True)
-  checkpoints.atomic_write(os.path.join(out_dir, task_dir, 'train.jsonl'),
-                           ('\n'.join(lines) + '\n').encode('utf-8'))
+  fileio.atomic_write(os.path.join(out_dir, task_dir, 'train.jsonl'),
+                      ('\n'.join(lines) + '\n').encode('utf-8'))
   for split in ('validation', 'test'):
     shutil.copyfile(os.path.join(corpus_dir, task_dir, f'{split}.jsonl'),
                     os.path.join(out_dir, task_dir, f'{split}.jsonl'))
@@ -156,7 +157,7 @@ def main():
     raise SystemExit(f'--temperature must be >= 0, got {args.temperature}.')
   tasks.register_local_tasks(args.corpus)
   lengths = {'inputs': args.inputs_length, 'targets': args.targets_length}
-  module, params = checkpoints.load_module_and_params(args.model)
+  module, params = loading.load_module_and_params(args.model)
   model = models.SpeculativeEncoderDecoderModel(module, None,
                                                 decode_fn=decoding.temperature_sample)
   # topk=0: plain sampling (T5X's temperature_sample defaults to topk=1, i.e. greedy).
@@ -169,8 +170,8 @@ def main():
               'fingerprint': want,
               'command': ' '.join(['python scripts/build_distill_corpus.py'] + sys.argv[1:])}
   # Written first, so a killed run's finished tasks are resumable under the same fingerprint.
-  checkpoints.atomic_write(os.path.join(args.out, 'manifest.json'),
-                           json.dumps(manifest, indent=2).encode())
+  fileio.atomic_write(os.path.join(args.out, 'manifest.json'),
+                      json.dumps(manifest, indent=2).encode())
   for task_name in TASK_DIRS:
     marker = os.path.join(args.out, TASK_DIRS[task_name], 'train.jsonl')
     if os.path.exists(marker):

@@ -20,12 +20,14 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from compare_drafters import LENGTHS, TASKS, parse_run  # pylint: disable=g-import-not-at-top,wrong-import-position
-from specdec import benchmark  # pylint: disable=g-import-not-at-top,wrong-import-position
-from specdec import ceiling
-from specdec import checkpoints
+from specdec import ceiling  # pylint: disable=g-import-not-at-top,wrong-import-position
+from specdec import ceiling_report
 from specdec import evaluation
 from specdec import fileio
+from specdec import loading
 from specdec import main as specdec_main
+from specdec import plots
+from specdec import reporting
 
 
 def parse_args(argv=None):
@@ -68,12 +70,12 @@ def parse_args(argv=None):
 def main(argv=None):
   args, settings = parse_args(argv)
   specdec_main.register_tasks()
-  target_module, target_params = checkpoints.load_module_and_params(os.path.join(args.models, 'target'))
+  target_module, target_params = loading.load_module_and_params(os.path.join(args.models, 'target'))
   examples = evaluation.task_examples(TASKS[args.task], 'test', LENGTHS, args.examples)
   shipped = {}
   for name, gamma in args.shipped:
     path = name if os.path.isdir(name) else os.path.join(args.models, name)
-    module, params = checkpoints.load_module_and_params(path)
+    module, params = loading.load_module_and_params(path)
     shipped[name] = (module, params, gamma)
   state = ceiling.measure(target_module, target_params, examples, LENGTHS, settings, shipped,
                           state_path=args.state, log=lambda line: print(line, flush=True))
@@ -88,7 +90,7 @@ def main(argv=None):
       state['target_confidence'] = confidence
       fileio.atomic_write(args.state, json.dumps(state, sort_keys=True).encode())
   rep = ceiling.report(state, confidence)
-  machine = benchmark.machine_info()
+  machine = reporting.machine_info()
   command = 'python ' + ' '.join(['scripts/ceiling.py'] + sys.argv[1:] if argv is None else
                                  ['scripts/ceiling.py'] + list(argv))
   rep.update(command=command, machine=machine, task=TASKS[args.task], models=args.models)
@@ -97,9 +99,9 @@ def main(argv=None):
             f"{TASKS[args.task]} test examples, greedy")
   os.makedirs(args.out, exist_ok=True)
   fileio.atomic_write(os.path.join(args.out, 'ceiling.json'), json.dumps(rep, indent=2, sort_keys=True).encode())
-  text = ceiling.markdown(rep, header)
+  text = ceiling_report.markdown(rep, header)
   fileio.atomic_write(os.path.join(args.out, 'ceiling.md'), text.encode())
-  ceiling.plot(rep, os.path.join(args.out, 'ceiling.png'))
+  plots.plot_ceiling(os.path.join(args.out, 'ceiling.png'), rep)
   print(text)
 
 

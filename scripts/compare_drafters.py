@@ -25,12 +25,13 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from specdec import benchmark  # pylint: disable=g-import-not-at-top,wrong-import-position
-from specdec import checkpoints
 from specdec import decoding
 from specdec import evaluation
 from specdec import fileio
+from specdec import loading
 from specdec import models
 from specdec import profiling
+from specdec import reporting
 from specdec import tasks
 
 TASKS = {'ende': tasks.ENDE_LOCAL_TASK, 'summarize': tasks.SUMMARIZE_LOCAL_TASK}
@@ -46,7 +47,7 @@ def parse_run(text: str):
 
 
 def compare(args) -> dict:
-  target_module, target_params = checkpoints.load_module_and_params(os.path.join(args.models, 'target'))
+  target_module, target_params = loading.load_module_and_params(os.path.join(args.models, 'target'))
   examples = evaluation.task_examples(TASKS[args.task], 'test', LENGTHS, args.examples)
   batches = [batch for _, batch in benchmark.make_batches(examples, LENGTHS, args.batch_size, True)]
   modes = {'on': [True], 'off': [False], 'both': [False, True]}[args.shrink]
@@ -56,7 +57,7 @@ def compare(args) -> dict:
   drafters = {}
   for drafter, _ in args.runs:
     path = drafter if os.path.isdir(drafter) else os.path.join(args.models, drafter)
-    drafters[drafter] = checkpoints.load_module_and_params(path)
+    drafters[drafter] = loading.load_module_and_params(path)
   decoders = {}
   for shrink in modes:
     sampling_params = {'temperature': args.temperature, 'topk': 0, 'topp': 0.0, 'shrink_batch': shrink}
@@ -100,13 +101,13 @@ def compare(args) -> dict:
           'run': label(f'{drafter}:{gamma}', shrink),
           'speedup': sum(baseline['seconds']) / sum(entry['seconds']),
           'speedup_vs_full_batch_baseline': sum(plain['seconds']) / sum(entry['seconds']),
-          'alpha': sum(int(s['accepted'].sum()) for s in stats) / judged if judged else 0.0,
+          'alpha': reporting.acceptance_rate(sum(int(s['accepted'].sum()) for s in stats), judged),
           'tokens_per_call': (sum(int(s['emitted'].sum()) for s in stats)
                               / sum(int(s['target_calls'].sum()) for s in stats)),
           'round_in_baseline_tokens': round_s / token_s if fit else None,
           'identical': _identical(entry, baseline) if args.temperature == 0 else None})
   return {'command': 'python ' + ' '.join(['scripts/compare_drafters.py'] + sys.argv[1:]),
-          'date': datetime.date.today().isoformat(), 'machine': benchmark.machine_info(),
+          'date': datetime.date.today().isoformat(), 'machine': reporting.machine_info(),
           'task': TASKS[args.task], 'temperature': args.temperature, 'examples': len(examples),
           'batch_size': args.batch_size, 'shrink': args.shrink,
           'repeats': args.repeats, 'baseline_seconds': sum(plain['seconds']),
@@ -129,7 +130,7 @@ def markdown(report: dict) -> str:
            'batch', '',
            f"Baseline: {1000 * report['baseline_seconds']:.1f} ms in all"
            + (f", {1000 * token_s:.3f} ms a token (fitted)." if token_s else '.'), '']
-  fmt = lambda x, spec: '-' if x is None or x != x else format(x, spec)
+  fmt = reporting.fmt
   if report.get('shrink') == 'both':
     lines += ['Speedups against the baseline of the same batch mode; the last column against the full-batch '
               'baseline (rows that ended keep running until the batch ends).', '',

@@ -12,7 +12,7 @@ models/cpu_v2/target) and continues a shipped drafter (`init`) on one kind of da
   `scripts/build_distill_corpus.py` and carry a fingerprint of the target that made them;
 * loss: cross-entropy on the data's tokens alone (no teacher: on greedy decodes this is the cross-entropy on the
   target's greedy tokens, sequence-level KD), or a divergence to the target's distribution at every position
-  (`train.train(teacher_dir=..., divergence=...)`: fkl, rkl, tvd; specdec/distill.py).
+  (`train_config.DistillConfig(teacher_dir=..., divergence=...)`: fkl, rkl, tvd; specdec/distill.py).
 
 `train` runs `python -m specdec.train` per run into runs/distill/<run> (checkpoints, logs, export).
 `evaluate` measures, for each finished run and for the shipped drafters it started from, α against the shipped
@@ -82,14 +82,18 @@ def train_command(name: str) -> list:
   run_dir = os.path.join(RUNS_DIR, name)
   cmd = ['python', '-m', 'specdec.train', f'--gin_file={gin_file}',
          f"--gin.MODEL_DIR='{run_dir}'", f"--gin.EXPORT_DIR='{run_dir}/export'",
-         f"--gin.train.train.init_from_dir='{init}'", f"--gin.train.train.corpus_dir='{data_dir}'",
-         f'--gin.train.train.num_steps={steps}', '--gin.train.train.max_minutes=None',
-         f'--gin.train.train.eval_every={steps}', '--gin.train.train.checkpoint_every=100']
+         f"--gin.train_config.InitConfig.init_from_dir='{init}'",
+         f"--gin.train_config.DataConfig.corpus_dir='{data_dir}'",
+         f'--gin.train_config.TrainConfig.num_steps={steps}',
+         '--gin.train_config.TrainConfig.max_minutes=None',
+         f'--gin.train_config.EvalConfig.eval_every={steps}',
+         '--gin.train_config.TrainConfig.checkpoint_every=100']
   if matching:
-    cmd.append('--gin.train.train.init_matching_only=True')
+    cmd.append('--gin.train_config.InitConfig.init_matching_only=True')
   if divergence:
-    cmd += [f"--gin.train.train.teacher_dir='{teacher}'", '--gin.train.train.distill_weight=1.0',
-            f"--gin.train.train.divergence='{divergence}'"]
+    cmd += [f"--gin.train_config.DistillConfig.teacher_dir='{teacher}'",
+            '--gin.train_config.DistillConfig.distill_weight=1.0',
+            f"--gin.train_config.DistillConfig.divergence='{divergence}'"]
   return cmd
 
 
@@ -130,13 +134,14 @@ def _row(name, directory, train_record, acceptance):
 
 
 def evaluate(names, args) -> int:
-  from specdec import checkpoints  # pylint: disable=g-import-not-at-top
+  from specdec import fileio  # pylint: disable=g-import-not-at-top
+  from specdec import loading  # pylint: disable=g-import-not-at-top
   from specdec import tasks  # pylint: disable=g-import-not-at-top
   import evaluate_family  # pylint: disable=g-import-not-at-top
   tasks.register_local_tasks(args.corpus)
   lengths = {'inputs': 96, 'targets': 48}
   family = family_of(names)
-  target = checkpoints.load_module_and_params(family['target'])
+  target = loading.load_module_and_params(family['target'])
   todo = [(b, os.path.join('models/cpu', b)) for b in family['baselines']]
   todo += [(n, os.path.join(RUNS_DIR, n, 'export')) for n in names if exported_step(n) == RUNS[n][4]]
   rows = []
@@ -144,7 +149,7 @@ def evaluate(names, args) -> int:
     print(f'== {name}', flush=True)
     with open(os.path.join(directory, 'config.json')) as f:
       train_record = json.load(f).get('train')
-    acc = evaluate_family.acceptance(target, checkpoints.load_module_and_params(directory), lengths,
+    acc = evaluate_family.acceptance(target, loading.load_module_and_params(directory), lengths,
                                      args.max_examples, 32, args.gamma, (0.0, 1.0))
     rows.append(_row(name if name in RUNS else f'{name} (shipped)', directory,
                      None if name not in RUNS else train_record, acc))
@@ -168,10 +173,10 @@ def evaluate(names, args) -> int:
         + ' | '.join(f"{a[k]['alpha_sum_min_pq']:.3f}" for k in ('ende/t=0', 'ende/t=1', 'summarize/t=0',
                                                                    'summarize/t=1')) + ' |')
   os.makedirs(os.path.dirname(args.out) or '.', exist_ok=True)
-  checkpoints.atomic_write(args.out + '.json', json.dumps(
+  fileio.atomic_write(args.out + '.json', json.dumps(
       {'command': command.strip(), 'date': time.strftime('%Y-%m-%d'), 'max_examples': args.max_examples,
        'gamma': args.gamma, 'rows': rows}, indent=2).encode())
-  checkpoints.atomic_write(args.out + '.md', ('\n'.join(lines) + '\n').encode())
+  fileio.atomic_write(args.out + '.md', ('\n'.join(lines) + '\n').encode())
   print('\n'.join(lines))
   return 0
 
@@ -180,6 +185,7 @@ def ship(name: str, model_name: str, results: str) -> int:
   """Copies a finished run's export to <family's models>/<model_name> with a model card."""
   import shutil  # pylint: disable=g-import-not-at-top
   from specdec import checkpoints  # pylint: disable=g-import-not-at-top
+  from specdec import fileio  # pylint: disable=g-import-not-at-top
   from specdec import network  # pylint: disable=g-import-not-at-top
   if exported_step(name) != RUNS[name][4]:
     raise SystemExit(f'{name} has not finished ({exported_step(name)} of {RUNS[name][4]} steps).')
@@ -236,7 +242,7 @@ def ship(name: str, model_name: str, results: str) -> int:
   if os.path.exists(dst):
     shutil.rmtree(dst)
   shutil.copytree(src, dst)
-  checkpoints.atomic_write(os.path.join(dst, 'MODEL_CARD.md'), card.encode())
+  fileio.atomic_write(os.path.join(dst, 'MODEL_CARD.md'), card.encode())
   print(card)
   return 0
 

@@ -10,8 +10,8 @@ test splits at temperature 0 and 1 gives α two ways (accepted / judged, and
 the mean of Σ min(p, q) over verified positions) next to the paper's Table 3,
 and at temperature 0 the share of outputs identical to the target's baseline.
 
-Writes results/models.md, results/acceptance.md, results/family_eval.json and
-a MODEL_CARD.md in each model directory. Re-running recomputes everything.
+Writes <results>/models.md, acceptance.md and family_eval.json (--results, default results/models_v1:
+the first family's) and a MODEL_CARD.md in each model directory. Re-running recomputes everything.
 """
 
 import argparse
@@ -28,8 +28,11 @@ import numpy as np
 from specdec import checkpoints
 from specdec import decoding
 from specdec import evaluation
+from specdec import fileio
+from specdec import loading
 from specdec import models
 from specdec import network
+from specdec import reporting
 from specdec import tasks
 
 TASKS = {'ende': tasks.ENDE_LOCAL_TASK, 'summarize': tasks.SUMMARIZE_LOCAL_TASK}
@@ -51,7 +54,7 @@ PAPER_DRAFTER_FOR = {'d3': 'small', 'd2': 'base', 'd1': 'large',
 
 
 def _write(path, text):
-  checkpoints.atomic_write(path, text.encode())
+  fileio.atomic_write(path, text.encode())
 
 
 def _param_count(params):
@@ -110,7 +113,7 @@ def acceptance(target, drafter, lengths, max_examples, batch_size, gamma,
           identical += int(same.sum())
         rows += len(chunk)
       entry = {
-          'alpha_accepted_over_judged': float(totals['accepted'] / max(totals['judged'], 1)),
+          'alpha_accepted_over_judged': float(reporting.acceptance_rate(totals['accepted'], totals['judged'])),
           'alpha_sum_min_pq': float(totals['overlap_sum'] / max(totals['overlap_count'], 1)),
           'tokens_per_target_call': float(totals['emitted'] / max(totals['target_calls'], 1)),
           'accepted_at': (totals['accepted_at'] / max(int(totals['target_calls']), 1)).tolist(),
@@ -129,7 +132,7 @@ def acceptance(target, drafter, lengths, max_examples, batch_size, gamma,
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--models', default='models/cpu')
-  parser.add_argument('--results', default='results')
+  parser.add_argument('--results', default='results/models_v1')
   parser.add_argument('--max_examples', type=int, default=256)
   parser.add_argument('--batch_size', type=int, default=32)
   parser.add_argument('--gamma', type=int, default=5)
@@ -149,7 +152,7 @@ def main():
   for name in NETWORKS + NGRAMS:
     path = os.path.join(args.models, name)
     if os.path.isdir(path):
-      loaded[name] = checkpoints.load_module_and_params(path)
+      loaded[name] = loading.load_module_and_params(path)
   if 'target' not in loaded:
     raise SystemExit(f'No target model in {args.models}/target.')
   target_config = loaded['target'][0].config

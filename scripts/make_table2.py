@@ -15,8 +15,8 @@ import numpy as np
 
 # Runnable from a checkout without the package installed (as the repo's shell scripts call it).
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from specdec import benchmark  # pylint: disable=g-import-not-at-top,wrong-import-position
-from specdec import checkpoints
+from specdec import fileio  # pylint: disable=g-import-not-at-top,wrong-import-position
+from specdec import plots
 from specdec import tables
 
 ORDER = {'specdec_ende_local': 0, 'specdec_wmt_ende': 0, 'specdec_summarize_local': 1,
@@ -47,14 +47,14 @@ def main():
            '(d3 ≈ T5-small, d2 ≈ T5-base, d1 ≈ T5-large). Per-row details (acceptance per position, '
            'mismatches, quality, wall times): rows/*/benchmark.md.\n\n![Table 2 analogue](table2.png)\n')
   os.makedirs(args.out, exist_ok=True)
-  checkpoints.atomic_write(os.path.join(args.out, 'table2.md'), text.encode())
-  checkpoints.atomic_write(os.path.join(args.out, 'table2.json'), json.dumps(summaries, indent=2).encode())
+  fileio.atomic_write(os.path.join(args.out, 'table2.md'), text.encode())
+  fileio.atomic_write(os.path.join(args.out, 'table2.json'), json.dumps(summaries, indent=2).encode())
   plot(os.path.join(args.out, 'table2.png'), summaries)
   print(text)
 
 
 def plot(path, summaries):
-  plt = benchmark.pyplot()
+  plt = plots.pyplot()
   labels = [f"{tables.TASK_LABEL.get(s['task'], s['task'])}\n{s['drafter']} t={s['setting']['temperature']:g}"
             f"\nbatch {s['setting'].get('batch_size', 1)}" for s in summaries]
   x = np.arange(len(summaries))
@@ -69,7 +69,7 @@ def plot(path, summaries):
   ax.set_xticklabels(labels, fontsize=7)
   ax.set_ylabel('speedup over the baseline')
   ax.legend(fontsize=8)
-  benchmark.save_png(fig, path)
+  plots.save_png(fig, path)
 
 
 if __name__ == '__main__':

@@ -21,7 +21,9 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
 
-from specdec import peers  # pylint: disable=g-import-not-at-top
+from specdec import benchmark  # pylint: disable=g-import-not-at-top
+from specdec import peers
+from specdec import reporting
 from specdec import tasks
 
 TASKS = {'ende': (tasks.ENDE_LOCAL_TASK, {'inputs': 96, 'targets': 48}),
@@ -81,20 +83,22 @@ def main(argv=None) -> int:
                  targets=args.targets_length or lengths['targets'])
   run_name = args.run or f'{args.task}_{os.path.basename(os.path.normpath(args.drafter))}_g{args.gamma}'
   summary = peers.run(
-      _model_dir(args.target, args.models), _model_dir(args.drafter, args.models), task_name, args.split,
-      lengths, args.examples, args.gamma, temperatures=args.temperatures, output_dir=args.out,
-      run_name=run_name, hf_settings=args.hf_settings, draft_confidence=args.draft_confidence,
-      repeats=args.repeats, seed=args.seed, ours_batch_size=args.ours_batch_size,
-      torch_threads=args.torch_threads, call_costs=not args.no_call_costs)
+      _model_dir(args.target, args.models), _model_dir(args.drafter, args.models),
+      benchmark.TaskSplit(task_name, args.split, lengths, args.examples),
+      peers.PeerSetting(gamma=args.gamma, temperatures=tuple(args.temperatures), hf_settings=tuple(args.hf_settings),
+                        draft_confidence=args.draft_confidence, repeats=args.repeats, seed=args.seed,
+                        ours_batch_size=args.ours_batch_size, torch_threads=args.torch_threads),
+      call_costs=peers.CallCostSetting(measure=not args.no_call_costs),
+      output=peers.PeerOutput(args.out, run_name=run_name))
   for r in summary['rows']:
     print(f"t={r['temperature']:g} {r['framework']:>4} {r['system']:<22} {r['tokens_per_s']:8.0f} tokens/s  "
-          f"speedup {peers.fmt(r['speedup_vs_own_baseline'])}x  "
+          f"speedup {reporting.fmt(r['speedup_vs_own_baseline'])}x  "
           f"target calls/example {r['target_calls_per_example']:.1f}")
   costs = summary.get('call_costs')
   if costs:
     hf_over_ours = costs['ratios']['hf_over_ours']
-    print(f"call costs, HF / ours: target step {peers.fmt(hf_over_ours['target_step'])}x, verify "
-          f"{peers.fmt(hf_over_ours['target_verify'])}x, drafter step {peers.fmt(hf_over_ours['drafter_step'])}x")
+    print(f"call costs, HF / ours: target step {reporting.fmt(hf_over_ours['target_step'])}x, verify "
+          f"{reporting.fmt(hf_over_ours['target_verify'])}x, drafter step {reporting.fmt(hf_over_ours['drafter_step'])}x")
   if summary['identity']:
     print(f"greedy HF vs ours identical: {100 * summary['identity']['hf_vs_ours_baseline']:.1f}%")
   print(f"Wrote {os.path.join(args.out, run_name)}.{{md,json,png}}")

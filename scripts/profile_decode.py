@@ -26,11 +26,13 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
 
 from specdec import benchmark  # pylint: disable=g-import-not-at-top
-from specdec import checkpoints
 from specdec import decoding
 from specdec import evaluation
+from specdec import fileio
+from specdec import loading
 from specdec import models
 from specdec import profiling
+from specdec import reporting
 from specdec import tasks
 from specdec import theory
 
@@ -43,8 +45,8 @@ def _model_dir(name: str, models_dir: str) -> str:
 
 
 def profile(args) -> dict:
-  target_module, target_params = checkpoints.load_module_and_params(_model_dir(args.target, args.models))
-  drafter_module, drafter_params = checkpoints.load_module_and_params(_model_dir(args.drafter, args.models))
+  target_module, target_params = loading.load_module_and_params(_model_dir(args.target, args.models))
+  drafter_module, drafter_params = loading.load_module_and_params(_model_dir(args.drafter, args.models))
   task_name, lengths = TASKS[args.task]
   lengths = dict(lengths, targets=args.targets_length or lengths['targets'])
   examples = evaluation.task_examples(task_name, 'test', lengths, args.examples * args.batch_size)
@@ -119,8 +121,7 @@ def profile(args) -> dict:
 
   base_total = sum(r['baseline_s'] for r in rows)
   spec_total = sum(r['speculative_s'] for r in rows)
-  judged = sum(r['judged'] for r in rows)
-  alpha = sum(r['accepted'] for r in rows) / judged if judged else 0.0
+  alpha = reporting.acceptance_rate(sum(r['accepted'] for r in rows), sum(r['judged'] for r in rows))
   return {
       'run': args.run, 'target': args.target, 'drafter': args.drafter, 'task': task_name, 'gamma': args.gamma,
       'temperature': args.temperature, 'draft_confidence': args.draft_confidence,
@@ -133,7 +134,7 @@ def profile(args) -> dict:
           alpha, args.gamma, isolated['draft_call_s'], isolated['target_call_s'], isolated['verify_call_s'])),
       'predicted_speedup_in_loop': profiling.predicted_speedup_in_loop(
           in_loop, [r['tokens'] for r in rows], [r['target_calls'] for r in rows]),
-      'machine': benchmark.machine_info(), 'date': datetime.date.today().isoformat(),
+      'machine': reporting.machine_info(), 'date': datetime.date.today().isoformat(),
       'command': 'python ' + ' '.join(['scripts/profile_decode.py'] + sys.argv[1:]),
   }
 
@@ -264,10 +265,10 @@ def main():
   args.run = args.run or f'{args.drafter}_g{args.gamma}_t{args.temperature:g}_b{args.batch_size}'
   report = profile(args)
   os.makedirs(args.out, exist_ok=True)
-  checkpoints.atomic_write(os.path.join(args.out, f'{args.run}.json'),
-                           json.dumps(report, indent=2).encode())
+  fileio.atomic_write(os.path.join(args.out, f'{args.run}.json'),
+                      json.dumps(report, indent=2).encode())
   text = markdown(report)
-  checkpoints.atomic_write(os.path.join(args.out, f'{args.run}.md'), text.encode())
+  fileio.atomic_write(os.path.join(args.out, f'{args.run}.md'), text.encode())
   print(text)
 
 

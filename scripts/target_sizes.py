@@ -28,7 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from specdec import checkpoints
+from specdec import fileio
+from specdec import loading
 from specdec import network
 from specdec import profiling
 from specdec import theory
@@ -87,7 +88,7 @@ def main(argv=None) -> int:
   max_len = 48
   drafter_steps = {}
   for name in DRAFTERS:
-    module, params = checkpoints.load_module_and_params(os.path.join(args.models, name))
+    module, params = loading.load_module_and_params(os.path.join(args.models, name))
     drafter_steps[name] = profiling.time_decode_calls(module, params, enc, max_len, 1,
                                                       repeats=args.repeats)
   rows = []
@@ -133,9 +134,9 @@ def main(argv=None) -> int:
   os.makedirs(args.out, exist_ok=True)
   record = {'command': command.strip(), 'date': time.strftime('%Y-%m-%d'), 'rows': rows,
             'drafter_step_ms': {k: 1e3 * v for k, v in drafter_steps.items()}}
-  checkpoints.atomic_write(os.path.join(args.out, f'{args.run}.json'),
-                           json.dumps(record, indent=2).encode())
-  checkpoints.atomic_write(os.path.join(args.out, f'{args.run}.md'), ('\n'.join(lines) + '\n').encode())
+  fileio.atomic_write(os.path.join(args.out, f'{args.run}.json'),
+                      json.dumps(record, indent=2).encode())
+  fileio.atomic_write(os.path.join(args.out, f'{args.run}.md'), ('\n'.join(lines) + '\n').encode())
   print('\n'.join(lines))
   return 0
 

@@ -23,7 +23,7 @@ import json, sys, gin
 from specdec import gin_utils
 path, gin_file = sys.argv[1], sys.argv[2]
 gin_utils.parse([gin_file], ["MODEL_DIR = 'x'"])
-want = gin.query_parameter('train.train.num_steps')
+want = gin.query_parameter('train_config.TrainConfig.num_steps')
 got = json.load(open(f'{path}/config.json'))['train']['step']
 print(f'{path}: step {got} of {want}')
 sys.exit(0 if got >= want else 3)

@@ -31,6 +31,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                 ".."))
 
 from specdec import corpora  # pylint: disable=g-import-not-at-top
+from specdec import fileio  # pylint: disable=g-import-not-at-top
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_MODEL = os.path.join(REPO, "specdec", "assets", "spm_ende_8k.model")
@@ -60,7 +61,7 @@ def training_lines(corpus_dir):
               corpora.SUMMARIZATION_CORPUS: corpora.SUMMARIZE_PREFIX}
   for name in corpora.CORPORA:
     path = corpora.corpus_path(corpus_dir, name, "train")
-    for row in corpora.read_jsonl(path):
+    for row in fileio.read_jsonl(path):
       lines.append(prefixes[name] + row["inputs"])
       lines.append(row["targets"])
   return lines
@@ -97,7 +98,7 @@ def main(argv=None):
   lines = training_lines(args.corpus)
   text = "".join(line + "\n" for line in lines).encode("utf-8")
   text_sha = hashlib.sha256(text).hexdigest()
-  corpora._atomic_write_bytes(args.text_out, text)  # pylint: disable=protected-access
+  fileio.atomic_write(args.text_out, text)
   print(f"training text: {len(lines):,} lines, {len(text):,} bytes, "
         f"sha256 {text_sha} -> {args.text_out}", flush=True)
 
@@ -111,8 +112,9 @@ def main(argv=None):
           f"(sha256 {hashlib.sha256(again).hexdigest()})", flush=True)
     if not same:
       return 1
-  model_sha = corpora._atomic_write_bytes(args.model, model)  # pylint: disable=protected-access
-  corpora._atomic_write_bytes(  # pylint: disable=protected-access
+  fileio.atomic_write(args.model, model)
+  model_sha = fileio.sha256_hex(model)
+  fileio.atomic_write(
       os.path.splitext(args.model)[0] + ".vocab",
       vocab_text(model).encode("utf-8"))
   manifest_sha = hashlib.sha256(

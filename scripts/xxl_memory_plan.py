@@ -2,232 +2,46 @@
 
   python scripts/xxl_memory_plan.py
 
-Both networks are built abstractly (`jax.eval_shape` of init and of
-init_cache: no memory, no TPU) and laid out with specdec.partitioning's rules
-(T5X's 1-D rules by default) on simulated ('data', 'model') meshes of every
-v4 slice from v4-8 (4 chips) to v4-128 (64 chips) and every power-of-two
-model-parallel width. Per chip, it counts exactly what the sharded predictor
-keeps resident:
-
-  params       bf16 (--param_dtype); replicated leaves count in full per chip
-  self cache   decoder self-attention K and V: [B, targets + gamma + 1, H, D]
-               (the code allocates `targets` positions and drops writes past
-               them; gamma + 1 more are counted for implementations that pad)
-  cross cache  encoder-side K and V of every decoder layer: [B, inputs, H, D],
-               plus the [B, inputs] encoder mask
-  activations  an estimate of the encoder's peak working set (one layer's
-               attention logits f32 + weights + q/k/v, or its MLP hidden
-               states, plus two residual streams); decoding's own
-               temporaries ([B, gamma + 1, V] logits) are far smaller
-
-and marks a layout as fitting when headroom x (params + caches + activations)
-<= 32 GiB of HBM per v4 chip (headroom 1.2 leaves room for XLA temporaries
-and fragmentation). Dimensions that do not divide over their mesh axes are
-replicated (partitioning.fit_spec), e.g. batch 1 on data > 1 and the
-drafter's 6 heads on model > 2; the table counts them as such.
-
-Lengths (the paper does not state them, PAPER.md), as gin/tasks/*.gin decode
-them: WMT EnDe 256 input / 256 target tokens (SentencePiece sentences rarely
-exceed 200); CNN/DM 512 input / 256 target tokens (T5's input length, which
-the Table-2 models are fine-tuned at: gin/train/table2/finetune.gin). gamma =
-8, the largest the paper uses. Batch 1 is the paper's setting; batch 32 a
-serving batch.
+Lays both networks out abstractly (no TPU needed) on every v4 slice from
+v4-8 to v4-128 and every power-of-two model width, for WMT EnDe and CNN/DM
+at batch 1 and 32; what is counted, and why these lengths:
+specdec/xxl_memory_plan.py.
 
 Writes results/xxl_memory_plan.md and results/xxl_memory_plan.json.
 """
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import sys
-from typing import Iterable, Mapping, Sequence
 
-import jax
-import numpy as np
-from jax.sharding import PartitionSpec
-
-from specdec import checkpoints
+from specdec import fileio
 from specdec import network
-from specdec import partitioning
-
-GIB = 2 ** 30
-HBM_PER_CHIP_GIB = 32  # TPU v4
-SLICES = {'v4-8': 4, 'v4-16': 8, 'v4-32': 16, 'v4-64': 32, 'v4-128': 64}
-TASKS = {'ende': (256, 256), 'cnndm': (512, 256)}  # (inputs, targets)
-TASK_NAMES = {'ende': 'WMT EnDe', 'cnndm': 'CNN/DM'}
-BATCHES = (1, 32)
-GAMMA = 8
-HEADROOM = 1.2
-
-
-def mesh_splits(chips: int) -> list:
-  """Every (data, model) with a power-of-two model width dividing `chips`."""
-  return [(chips // m, m) for m in (2 ** i for i in range(chips.bit_length()))
-          if chips % m == 0]
-
-
-def encoder_activation_bytes(config: network.T5Config,
-                             axis_sizes: Mapping[str, int], rules,
-                             batch: int, input_len: int) -> int:
-  """Estimated peak bytes per chip of one encoder layer's live tensors."""
-  b, s, h = batch, input_len, config.num_heads
-  act = np.dtype(config.dtype)
-  tensors = {  # name: (shape, dtype, logical axes)
-      'logits': ((b, h, s, s), np.float32, ('batch', 'heads', 'length', None)),
-      'weights': ((b, h, s, s), act, ('batch', 'heads', 'length', None)),
-      'qkv': ((3, b, s, h * config.head_dim), act,
-              (None, 'batch', 'length', 'joined_kv')),
-      'mlp': ((len(config.mlp_activations) + 1, b, s, config.mlp_dim), act,
-              (None, 'batch', 'length', 'mlp')),
-      'residual': ((2, b, s, config.emb_dim), act,
-                   (None, 'batch', 'length', 'embed')),
-  }
-  shapes = {k: jax.ShapeDtypeStruct(shape, dtype)
-            for k, (shape, dtype, _) in tensors.items()}
-  logical = {k: PartitionSpec(*axes) for k, (_, _, axes) in tensors.items()}
-  specs = partitioning.logical_to_mesh_specs(logical, shapes, rules, axis_sizes)
-  per = partitioning.leaf_bytes_per_device(shapes, specs, axis_sizes)
-  per = {k.strip("[]'"): v for k, v in per.items()}
-  attention = per['logits'] + per['weights'] + per['qkv']
-  return max(attention, per['mlp']) + per['residual']
-
-
-def plan_rows(target: network.T5Config, drafter: network.T5Config,
-              slices: Mapping[str, int], tasks: Mapping[str, Sequence[int]],
-              batches: Iterable[int], gamma: int, rules, param_dtype: str,
-              hbm_gib: float, headroom: float) -> list:
-  """One dict per (slice, mesh split, task, batch), byte counts per chip."""
-  rows = []
-  for slice_name, chips in slices.items():
-    for data, model in mesh_splits(chips):
-      sizes = {'data': data, 'model': model}
-      for task, (inputs, targets) in tasks.items():
-        for batch in batches:
-          kw = dict(batch_size=batch, input_len=inputs,
-                    cache_len=targets + gamma + 1, param_dtype=param_dtype)
-          t = partitioning.network_memory(target, sizes, rules, **kw)
-          d = partitioning.network_memory(drafter, sizes, rules, **kw)
-          acts = encoder_activation_bytes(target, sizes, rules, batch, inputs)
-          total = (t['params'] + d['params'] + t['self_cache'] +
-                   t['cross_cache'] + d['self_cache'] + d['cross_cache'] + acts)
-          rows.append(dict(
-              slice=slice_name, chips=chips, data=data, model=model, task=task,
-              inputs=inputs, targets=targets, batch=batch,
-              target=t, drafter=d, activations=acts, total=total,
-              fits=total * headroom <= hbm_gib * GIB))
-  return rows
-
-
-def _gib(x: float) -> str:
-  return f'{x / GIB:.2f}'
-
-
-def smallest_fits(rows: list) -> dict:
-  """(task, batch) -> the first fitting row: fewest chips, then fewest bytes."""
-  best = {}
-  for r in sorted(rows, key=lambda r: (r['chips'], r['total'])):
-    if r['fits']:
-      best.setdefault((r['task'], r['batch']), r)
-  return best
-
-
-def render_markdown(report: dict) -> str:
-  rows, s = report['rows'], report['settings']
-  lines = [
-      '# T5-XXL + T5-small on TPU v4: memory per chip',
-      '',
-      f'Made by `{report["command"]}` on {report["date"]} ({report["machine"]}).',
-      'Computed abstractly (jax.eval_shape; no TPU involved) by '
-      'scripts/xxl_memory_plan.py with specdec.partitioning\'s '
-      f'{s["rules"]} rules. GiB = 2^30 bytes, per chip.',
-      '',
-      f'- Params in {s["param_dtype"]}: target {_gib(report["target_params_total"])} '
-      f'GiB, drafter {_gib(report["drafter_params_total"])} GiB in one copy.',
-      f'- Caches in bfloat16: self-attention K/V for targets + gamma + 1 '
-      f'positions (gamma = {s["gamma"]}), cross-attention K/V for the inputs.',
-      '- Activations: an estimate of the encoder\'s peak working set '
-      '(see the script\'s docstring).',
-      f'- fits: {s["headroom"]} x total <= {s["hbm_gib"]} GiB HBM per v4 chip.',
-      '- Non-divisible dimensions are replicated and counted in full '
-      '(batch 1 on data > 1; the drafter\'s 6 heads on model > 2).',
-      '',
-      '## Smallest fitting layout',
-      '',
-      '| task (inputs/targets) | batch | slice | data x model | total GiB/chip |',
-      '|---|---|---|---|---|',
-  ]
-  best = smallest_fits(rows)
-  for task, (inputs, targets) in s['tasks'].items():
-    for batch in s['batches']:
-      r = best.get((task, batch))
-      where = (f'{r["slice"]} | {r["data"]} x {r["model"]} | {_gib(r["total"])}'
-               if r else 'none of these | - | -')
-      lines.append(f'| {TASK_NAMES.get(task, task)} ({inputs}/{targets}) | '
-                   f'{batch} | {where} |')
-  for task, (inputs, targets) in s['tasks'].items():
-    for batch in s['batches']:
-      lines += [
-          '',
-          f'## {TASK_NAMES.get(task, task)}, inputs {inputs}, targets '
-          f'{targets}, batch {batch}',
-          '',
-          '| slice | data x model | target params | drafter params | '
-          'target self K/V | target cross K/V | drafter caches | activations '
-          '(est.) | total | fits |',
-          '|---|---|---|---|---|---|---|---|---|---|',
-      ]
-      for r in rows:
-        if r['task'] != task or r['batch'] != batch:
-          continue
-        t, d = r['target'], r['drafter']
-        lines.append(
-            f'| {r["slice"]} | {r["data"]} x {r["model"]} | '
-            f'{_gib(t["params"])} | {_gib(d["params"])} | '
-            f'{_gib(t["self_cache"])} | {_gib(t["cross_cache"])} | '
-            f'{_gib(d["self_cache"] + d["cross_cache"])} | '
-            f'{_gib(r["activations"])} | {_gib(r["total"])} | '
-            f'{"yes" if r["fits"] else "no"} |')
-  return '\n'.join(lines) + '\n'
+from specdec import xxl_memory_plan as plan
 
 
 def main(argv=None) -> dict:
   parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
   parser.add_argument('--out_dir', default='results')
-  parser.add_argument('--gamma', type=int, default=GAMMA)
+  parser.add_argument('--gamma', type=int, default=plan.GAMMA)
   parser.add_argument('--param_dtype', default='bfloat16')
-  parser.add_argument('--headroom', type=float, default=HEADROOM)
+  parser.add_argument('--headroom', type=float, default=plan.HEADROOM)
   parser.add_argument('--parameter_partitioning_dims', type=int, default=1)
   parser.add_argument('--activation_partitioning_dims', type=int, default=1)
   args = parser.parse_args(argv)
-  rules = partitioning.standard_logical_axis_rules(
-      args.activation_partitioning_dims, args.parameter_partitioning_dims)
-  target = network.t5_1_1_config('xxl', dtype='bfloat16')
-  drafter = network.t5_1_1_config('small', dtype='bfloat16')
-  rows = plan_rows(target, drafter, SLICES, TASKS, BATCHES, args.gamma, rules,
-                   args.param_dtype, HBM_PER_CHIP_GIB, args.headroom)
-  report = {
-      'command': ' '.join(['python scripts/xxl_memory_plan.py'] + list(
+  report = plan.build_report(
+      network.t5_1_1_config('xxl', dtype='bfloat16'),
+      network.t5_1_1_config('small', dtype='bfloat16'),
+      command=' '.join(['python scripts/xxl_memory_plan.py'] + list(
           sys.argv[1:] if argv is None else argv)),
-      'date': datetime.date.today().isoformat(),
-      'machine': (f'{platform.machine()}, {os.cpu_count()} CPUs, jax '
-                  f'{jax.__version__} (abstract: no accelerator used)'),
-      'settings': dict(
-          gamma=args.gamma, param_dtype=args.param_dtype,
-          headroom=args.headroom, hbm_gib=HBM_PER_CHIP_GIB,
-          rules=(f'{args.parameter_partitioning_dims}-D parameter / '
-                 f'{args.activation_partitioning_dims}-D activation'),
-          tasks=TASKS, batches=list(BATCHES), slices=SLICES),
-      'target_params_total': rows[0]['target']['params_total'],
-      'drafter_params_total': rows[0]['drafter']['params_total'],
-      'rows': rows,
-  }
+      slices=plan.SLICES, tasks=plan.TASKS, batches=plan.BATCHES,
+      gamma=args.gamma, param_dtype=args.param_dtype, headroom=args.headroom,
+      parameter_partitioning_dims=args.parameter_partitioning_dims,
+      activation_partitioning_dims=args.activation_partitioning_dims)
   stem = os.path.join(args.out_dir, 'xxl_memory_plan')
-  checkpoints.atomic_write(stem + '.json',
-                           json.dumps(report, indent=1).encode())
-  checkpoints.atomic_write(stem + '.md', render_markdown(report).encode())
-  print(f'Wrote {stem}.md and {stem}.json ({len(rows)} layouts).')
+  fileio.atomic_write(stem + '.json', json.dumps(report, indent=1).encode())
+  fileio.atomic_write(stem + '.md', plan.render_markdown(report).encode())
+  print(f'Wrote {stem}.md and {stem}.json ({len(report["rows"])} layouts).')
   return report
 
 

@@ -2,7 +2,7 @@
 
 For every example (batch 1 as in the paper, larger batches optional) both decoders run back to back on the
 same input, `repeats` times each, and the median wall time of each is kept; compilation is excluded (every
-input shape is compiled and run once before it is timed). Reported (see `summarize`):
+input shape is compiled and run once before it is timed). Reported (see `reporting.summarize_benchmark`):
 
 - measured speedup = Σ baseline time / Σ speculative time, tokens/s of each;
 - α two ways: accepted / judged drafts, and the paper's E[Σ_x min(p, q)]; accepted / drafted; tokens per
@@ -17,33 +17,35 @@ input shape is compiled and run once before it is timed). Reported (see `summari
 Per-example results are appended to `examples.jsonl` as they finish, so an interrupted run resumes where it
 stopped; the summary is written as JSON, CSV (per example), Markdown and a plot. A run resumes only what the same
 configuration wrote (`fingerprint_fields`, recorded in fingerprint.json; `specdec.fingerprint`).
+
+`run(models, data, setting, output, measuring)` takes small dataclasses: `ModelPair` (target and drafter),
+`TaskSplit` (the examples), `Setting` (decoding), `Output` (where it writes, resuming or overwriting) and
+`Measuring` (a mesh, in-loop costs).
 """
 
 import dataclasses
 import datetime
-import io
 import json
 import os
-import platform
-import sys
 import time
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from specdec import batch_shrink
-from specdec import checkpoints
 from specdec import decoding
 from specdec import evaluation
+from specdec import fileio
 from specdec import fingerprint
 from specdec import models
 from specdec import oracle
 from specdec import partitioning
+from specdec import plots
 from specdec import profiling
-from specdec import tables
-from specdec import theory
+from specdec import reporting
+from specdec import sharded_decoding
 
 # Input lengths are padded up to one of these (capped at the configured length), so short inputs do not pay
 # for the longest one; each bucket is compiled once and warmed up before timing.
@@ -70,15 +72,8 @@ class Setting:
   draft_confidence: float = 0.0
 
   def validate(self) -> None:
-    if isinstance(self.gamma, bool) or not isinstance(self.gamma, int) or self.gamma < 1:
-      raise ValueError(f'gamma must be an int >= 1, got {self.gamma!r}.')
-    if self.temperature < 0:
-      raise ValueError(f'temperature must be >= 0, got {self.temperature}.')
-    if self.topk and self.topp:
-      raise ValueError('Use top-k or top-p, not both '
-                       f'(topk={self.topk}, topp={self.topp}).')
-    if not 0.0 <= self.draft_confidence < 1.0:
-      raise ValueError(f'draft_confidence must be in [0, 1), got {self.draft_confidence}.')
+    decoding.validate_settings(self.temperature, self.topk, self.topp, gamma=self.gamma,
+                               draft_confidence=self.draft_confidence)
     if self.batch_size < 1 or self.repeats < 1:
       raise ValueError(f'batch_size and repeats must be >= 1, got {self.batch_size}, {self.repeats}.')
 
@@ -93,6 +88,63 @@ class Setting:
     # T5X's decode functions default to topk=1 (argmax); 0 means "no top-k".
     return {'temperature': float(self.temperature), 'topk': int(self.topk),
             'topp': float(self.topp)}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelPair:
+  """The target and the drafter a run compares: Flax modules, their params, and the drafter's label in reports."""
+  target_module: Any
+  target_params: Any
+  drafter_module: Any
+  drafter_params: Any
+  drafter_name: str = 'drafter'
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSplit:
+  """The examples a run decodes: the first `max_examples` (None: all) of a seqio task's split.
+
+  lengths: {'inputs': N, 'targets': M}; longer inputs are cut, and M bounds the decode.
+  """
+  task: str
+  split: str
+  lengths: Mapping[str, int]
+  max_examples: Optional[int] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Output:
+  """Where a run writes, and what it records beside the measurements.
+
+  output_dir: the run's directory (`OUTPUT_FILES` and the fingerprint).
+  overwrite: discard what an earlier run wrote there and start afresh (without it the run resumes, and only a run
+    of the same fingerprint).
+  provenance: fields identifying the models for the fingerprint (`fingerprint_fields`).
+  remedy: how a refused resume's message ends (`fingerprint.ResumeRefused`).
+  write_plot: also write benchmark.png.
+  log_every: print the progress after about this many examples.
+  extra_info: more fields for the summary.
+  """
+  output_dir: str
+  overwrite: bool = False
+  provenance: Optional[Mapping[str, Any]] = None
+  remedy: str = fingerprint.MAIN_REMEDY
+  write_plot: bool = True
+  log_every: int = 8
+  extra_info: Optional[Mapping[str, Any]] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Measuring:
+  """How a run places and times its decoders.
+
+  mesh: a ('data', 'model') mesh (`partitioning.make_mesh`): both decoders run sharded by T5X's rules
+    (`sharded_decoding.compile_predict_sharded`); None: jit on the default device.
+  measure_in_loop: also time one round phase by phase inside a compiled loop (`profiling.in_loop_costs`; not
+    with a mesh), so the summary shows c and the round's fixed cost as the loop pays them.
+  """
+  mesh: Any = None
+  measure_in_loop: bool = True
 
 
 def bucket_length(length: int, max_length: int, use_buckets: bool = True) -> int:
@@ -127,11 +179,6 @@ def num_tokens(decode_l: np.ndarray, eos_id: int) -> int:
   decode_l = np.asarray(decode_l)
   eos = np.flatnonzero(decode_l == eos_id)
   return int(eos[0] + 1) if eos.size else int(np.count_nonzero(decode_l))
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Call costs, measured in isolation.
-# ----------------------------------------------------------------------------------------------------------
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -185,7 +232,7 @@ def resume_records(path: str) -> Dict[int, dict]:
           except json.JSONDecodeError:
             break  # a torn last line from an interrupted run: redo from there
           done[rec['index']] = rec
-  checkpoints.atomic_write(path, ''.join(json.dumps(r, ensure_ascii=False) + '\n' for r in done.values()).encode())
+  fileio.write_jsonl(path, done.values())
   return done
 
 
@@ -209,163 +256,277 @@ def fingerprint_fields(task_name: str, split: str, lengths: Mapping[str, int], s
               devices=devices_label(mesh), **dataclasses.asdict(setting), **dict(provenance or {}))
 
 
-def run(target_module, target_params, drafter_module, drafter_params, task_name: str, split: str,
-        lengths: Mapping[str, int], setting: Setting, output_dir: str, max_examples: Optional[int] = None,
-        drafter_name: str = 'drafter', log_every: int = 8, write_plot: bool = True,
-        extra_info: Optional[Mapping[str, Any]] = None, mesh=None,
-        measure_in_loop: bool = True, provenance: Optional[Mapping[str, Any]] = None,
-        overwrite: bool = False, remedy: str = fingerprint.MAIN_REMEDY) -> Dict[str, Any]:
-  """Benchmarks baseline vs speculative decoding on a task split; writes results into `output_dir`.
+def run(models: ModelPair, data: TaskSplit, setting: Setting, output: Output,
+        measuring: Measuring = Measuring()) -> Dict[str, Any]:
+  """Benchmarks baseline vs speculative decoding on a task split; writes results into `output.output_dir`.
 
-  With a ('data', 'model') `mesh` (`partitioning.make_mesh`) both decoders run sharded by T5X's rules
-  (`partitioning.compile_predict_sharded`); otherwise jit on the default device. `measure_in_loop` also times
-  one round phase by phase inside a compiled loop (`profiling.in_loop_costs`), so the summary shows c and the
-  round's fixed cost as the loop pays them and the speedup they predict.
+  An earlier run in that directory is resumed only if its fingerprint matches (`fingerprint_fields` with
+  `output.provenance`; max_examples may grow), else `fingerprint.ResumeRefused` ending with `output.remedy`;
+  `output.overwrite` discards it first.
 
-  An earlier run in `output_dir` is resumed only if its fingerprint matches (`fingerprint_fields` with
-  `provenance`; max_examples may grow), else `fingerprint.ResumeRefused` ending with `remedy`; `overwrite`
-  discards it first.
-
-  Returns the summary (also written to `output_dir/benchmark.json`).
+  Returns the summary (`reporting.summarize_benchmark` and the run's facts; also written to
+  `output_dir/benchmark.json`).
   """
   import seqio  # pylint: disable=g-import-not-at-top
 
+  validate(models, setting)
+  task = seqio.get_mixture_or_task(data.task)
+  vocab = task.output_features['targets'].vocabulary
+  recorded = fingerprint.prepare(
+      output.output_dir, fingerprint_fields(data.task, data.split, data.lengths, setting, data.max_examples,
+                                            models.drafter_name, output.provenance, measuring.mesh),
+      OUTPUT_FILES, output.overwrite, output.remedy)
+  examples = load_examples(data)
+  decoders = compile_decoders(models, vocab, setting, measuring.mesh)
+  batches = make_batches(examples, data.lengths, setting.batch_size, setting.length_buckets)
+  examples_path = os.path.join(output.output_dir, 'examples.jsonl')
+  done = _resume(examples_path, len(examples))
+
+  start = time.perf_counter()
+  with open(examples_path, 'a', encoding='utf-8') as log:
+    warmup_s = _time_batches(models, data, setting, decoders, vocab, examples, batches, done, log,
+                             output.log_every, start)
+  records = [done[i] for i in sorted(done)]
+  decode_s = time.perf_counter() - start - warmup_s
+  cost_start = time.perf_counter()
+  costs, in_loop_by_rows = _costs(models, data, setting, decoders, batches, output.output_dir, measuring)
+  quality = _quality(task, records, examples)
+  wall_seconds = {'compile_and_warmup': warmup_s, 'timed_decoding': decode_s,
+                  'cost_measurement': time.perf_counter() - cost_start}
+  summary = _summarize(models, data, setting, output, records, costs, in_loop_by_rows, quality, wall_seconds,
+                       recorded)
+  write_outputs(output.output_dir, summary, records, output.write_plot)
+  return summary
+
+
+def validate(models: ModelPair, setting: Setting) -> None:
+  """Raises ValueError for a setting or a pair of models that cannot be benchmarked (before anything is written)."""
   setting.validate()
-  if isinstance(drafter_module, oracle.OracleDrafter):
+  if isinstance(models.drafter_module, oracle.OracleDrafter):
     raise ValueError('the oracle drafter is a measuring instrument of controlled acceptance, not a drafter: '
                      'its rows belong in specdec/ceiling.py reports (scripts/ceiling.py), never in a '
                      'benchmark table.')
-  if target_module.config.vocab_size != _vocab_size(drafter_module):
-    raise ValueError(f'Vocabulary mismatch: target vocab_size={target_module.config.vocab_size}, '
-                     f'drafter vocab_size={_vocab_size(drafter_module)}.')
-  task = seqio.get_mixture_or_task(task_name)
-  vocab = task.output_features['targets'].vocabulary
-  recorded = fingerprint.prepare(
-      output_dir, fingerprint_fields(task_name, split, lengths, setting, max_examples, drafter_name, provenance,
-                                     mesh), OUTPUT_FILES, overwrite, remedy)
-  examples = evaluation.task_examples(task_name, split, lengths, max_examples)
-  if not examples:
-    raise ValueError(f'{task_name}:{split} gave no examples.')
+  target_vocab, drafter_vocab = _vocab_size(models.target_module), _vocab_size(models.drafter_module)
+  if target_vocab != drafter_vocab:
+    raise ValueError(f'Vocabulary mismatch: target vocab_size={target_vocab}, drafter vocab_size={drafter_vocab}.')
 
-  baseline, speculative = _models(target_module, drafter_module, vocab)
-  base_params = {'target': target_params}
-  params = {'target': target_params, 'drafter': drafter_params}
+
+def load_examples(data: TaskSplit) -> List[Dict[str, Any]]:
+  """The split's examples (`evaluation.task_examples`); ValueError when there are none."""
+  examples = evaluation.task_examples(data.task, data.split, data.lengths, data.max_examples)
+  if not examples:
+    raise ValueError(f'{data.task}:{data.split} gave no examples.')
+  return examples
+
+
+@dataclasses.dataclass(frozen=True)
+class Decoders:
+  """The compiled baseline and speculative decoders of a run, and the params each is called with."""
+  base_predict: Callable[..., Any]
+  spec_predict: Callable[..., Any]
+  base_params: Any  # {'target': ...}
+  params: Any  # {'target': ..., 'drafter': ...}
+  eos_id: int
+
+
+def compile_decoders(models: ModelPair, vocab, setting: Setting, mesh=None) -> Decoders:
+  """Both decoders for `setting`: jitted on the default device, or sharded over `mesh` (params sharded too)."""
+  baseline, speculative = _models(models.target_module, models.drafter_module, vocab)
+  base_params = {'target': models.target_params}
+  params = {'target': models.target_params, 'drafter': models.drafter_params}
   spec_decoder_params = setting.speculative_params()
   if mesh is None:
     base_predict = baseline.compile_predict(setting.decoder_params())
     spec_predict = speculative.compile_predict(spec_decoder_params)
   else:
-    base_predict = partitioning.compile_predict_sharded(baseline, mesh, decoder_params=setting.decoder_params())
-    spec_predict = partitioning.compile_predict_sharded(speculative, mesh, decoder_params=spec_decoder_params)
+    base_predict = sharded_decoding.compile_predict_sharded(baseline, mesh, decoder_params=setting.decoder_params())
+    spec_predict = sharded_decoding.compile_predict_sharded(speculative, mesh, decoder_params=spec_decoder_params)
     params = spec_predict.shard_params(params)
     base_params = {'target': params['target']}
-  eos_id = baseline.eos_id
+  return Decoders(base_predict, spec_predict, base_params, params, baseline.eos_id)
 
-  batches = make_batches(examples, lengths, setting.batch_size, setting.length_buckets)
+
+def _time_batches(models: ModelPair, data: TaskSplit, setting: Setting, decoders: Decoders, vocab, examples,
+                  batches, done: Dict[int, dict], log, log_every: int, start: float) -> float:
+  """Times every batch with an example not in `done`; its records go to `log` and `done`. Returns the seconds
+  spent compiling and warming up (each input shape once, untimed)."""
   warm = set()
-  examples_path = os.path.join(output_dir, 'examples.jsonl')
-  done = resume_records(examples_path)
-  if done:
-    print(f'Resuming: {len(done)} of {len(examples)} examples already measured in {examples_path}.',
-          flush=True)
-
-  start = time.perf_counter()
   measured = 0
   warmup_s = 0.0
-  with open(examples_path, 'a', encoding='utf-8') as log:
-    for batch_no, (idx, batch) in enumerate(batches):
-      if all(i in done for i in idx):
-        continue
-      rng = jax.random.PRNGKey(setting.seed + batch_no)
-      shape = batch['encoder_input_tokens'].shape
-      if shape not in warm:  # compile + one untimed run of each decoder for this input shape
-        warm_start = time.perf_counter()
-        jax.block_until_ready(base_predict(base_params, batch, rng))
-        jax.block_until_ready(spec_predict(params, batch, rng))
-        warm.add(shape)
-        warmup_s += time.perf_counter() - warm_start
-      base_times, spec_times = [], []
-      for _ in range(setting.repeats):  # interleaved, so slow drifts of the machine hit both alike
-        t, (base_out, _) = _timed(base_predict, base_params, batch, rng)
-        base_times.append(t)
-        t, (spec_out, spec_aux) = _timed(spec_predict, params, batch, rng)
-        spec_times.append(t)
-      base_out, spec_out, stats = partitioning.to_host((base_out, spec_out, spec_aux['stats']))
-      base_s, spec_s = float(np.median(base_times)), float(np.median(spec_times))
-      for row, i in enumerate(idx):
-        ex = examples[i]
-        rec = {
-            'index': i, 'batch': batch_no, 'input_length': int(len(ex['inputs'])),
-            'padded_input_length': int(shape[1]),
-            # Wall time of the whole batch (per example at batch size 1).
-            'baseline_s': base_s, 'speculative_s': spec_s, 'batch_rows': len(idx),
-            'baseline_tokens': num_tokens(base_out[row], eos_id),
-            'speculative_tokens': num_tokens(spec_out[row], eos_id),
-            'identical': bool(np.array_equal(base_out[row], spec_out[row])),
-            'target_calls': int(stats['target_calls'][row]), 'drafted': int(stats['drafted'][row]),
-            'judged': int(stats['judged'][row]), 'accepted': int(stats['accepted'][row]),
-            'accepted_at': stats['accepted_at'][row].astype(int).tolist(),
-            'overlap_sum': float(stats['overlap_sum'][row]),
-            'overlap_count': int(stats['overlap_count'][row]), 'emitted': int(stats['emitted'][row]),
-            'baseline_text': vocab.decode(base_out[row].tolist()),
-            'speculative_text': vocab.decode(spec_out[row].tolist()),
-            'reference_text': ex['targets_pretokenized'].decode('utf-8'),
-        }
-        if setting.temperature == 0 and not rec['identical']:
-          rec['mismatch'] = divergence_margin(target_module, target_params,
-                                              batch['encoder_input_tokens'][row], base_out[row],
-                                              spec_out[row])
-        log.write(json.dumps(rec) + '\n')
-        done[i] = rec
-      log.flush()
-      measured += len(idx)
-      if measured % log_every < len(idx) or len(done) == len(examples):
-        elapsed = time.perf_counter() - start
-        recs = list(done.values())
-        remaining = len(examples) - len(done)
-        toks = sum(r['speculative_tokens'] for r in recs)
-        spec_total = sum(r['speculative_s'] for r in _batch_heads(recs))
-        base_total = sum(r['baseline_s'] for r in _batch_heads(recs))
-        print(f'  [{drafter_name} γ={setting.gamma} t={setting.temperature:g}] {len(done)}/{len(examples)} '
-              f'examples, speedup so far {base_total / max(spec_total, 1e-9):.2f}x, speculative '
-              f'{toks / max(spec_total, 1e-9):.0f} tokens/s, ETA {remaining * elapsed / measured / 60:.1f} min',
-              flush=True)
+  for batch_no, (idx, batch) in enumerate(batches):
+    if all(i in done for i in idx):
+      continue
+    rng = jax.random.PRNGKey(setting.seed + batch_no)
+    shape = batch['encoder_input_tokens'].shape
+    if shape not in warm:  # compile + one untimed run of each decoder for this input shape
+      warm_start = time.perf_counter()
+      jax.block_until_ready(decoders.base_predict(decoders.base_params, batch, rng))
+      jax.block_until_ready(decoders.spec_predict(decoders.params, batch, rng))
+      warm.add(shape)
+      warmup_s += time.perf_counter() - warm_start
+    timing = _time_batch(decoders, batch, rng, setting.repeats)
+    for row, i in enumerate(idx):
+      rec = _example_record(i, row, batch_no, len(idx), batch, examples[i], timing, vocab, decoders.eos_id)
+      if setting.temperature == 0 and not rec['identical']:
+        rec['mismatch'] = divergence_margin(models.target_module, models.target_params,
+                                            batch['encoder_input_tokens'][row], timing.base_out[row],
+                                            timing.spec_out[row])
+      log.write(json.dumps(rec) + '\n')
+      done[i] = rec
+    log.flush()
+    measured += len(idx)
+    if measured % log_every < len(idx) or len(done) == len(examples):
+      label = f'{data.task} {models.drafter_name} γ={setting.gamma} t={setting.temperature:g}'
+      _print_progress(label, list(done.values()), len(examples), time.perf_counter() - start, measured)
+  return warmup_s
 
-  records = [done[i] for i in sorted(done)]
-  decode_s = time.perf_counter() - start - warmup_s
-  cost_start = time.perf_counter()
-  enc0 = batches[0][1]['encoder_input_tokens']
-  cost_key = (target_module, drafter_module, id(target_params), id(drafter_params), enc0.shape,
-              enc0.tobytes(), lengths['targets'], setting.gamma)
-  if cost_key not in _COST_CACHE:  # rows differing only in temperature share the call costs
-    _COST_CACHE[cost_key] = profiling.measure_costs(target_module, target_params, drafter_module,
-                                                    drafter_params, enc0, lengths['targets'], setting.gamma)
-  costs = _COST_CACHE[cost_key]
-  in_loop_by_rows = None
-  if measure_in_loop and mesh is None:
-    # One round, phase by phase, inside a compiled loop (first batch, its baseline output as the prefix), at
-    # every batch size the shrinking loops run at (B, B/2, ..., 1: the first rows of the batch).
-    first = batches[0][1]
-    decoded_l = partitioning.to_host(base_predict(base_params, first, jax.random.PRNGKey(setting.seed))[0])[0]
-    in_loop_by_rows = {
-        rows: profiling.in_loop_costs(target_module, target_params, drafter_module, drafter_params,
-                                      {k: v[:rows] for k, v in first.items()}, decoded_l, setting.gamma,
-                                      spec_decoder_params)
-        for rows in batch_shrink.stage_sizes(setting.batch_size)}
-  quality = {
+
+@dataclasses.dataclass(frozen=True)
+class _BatchTiming:
+  """One batch's median wall times and (host) outputs of both decoders."""
+  base_s: float
+  spec_s: float
+  base_out: np.ndarray
+  spec_out: np.ndarray
+  stats: Dict[str, np.ndarray]
+
+
+def _time_batch(decoders: Decoders, batch, rng, repeats: int) -> _BatchTiming:
+  base_times, spec_times = [], []
+  for _ in range(repeats):  # interleaved, so slow drifts of the machine hit both alike
+    t, (base_out, _) = _timed(decoders.base_predict, decoders.base_params, batch, rng)
+    base_times.append(t)
+    t, (spec_out, spec_aux) = _timed(decoders.spec_predict, decoders.params, batch, rng)
+    spec_times.append(t)
+  base_out, spec_out, stats = partitioning.to_host((base_out, spec_out, spec_aux['stats']))
+  return _BatchTiming(float(np.median(base_times)), float(np.median(spec_times)), base_out, spec_out, stats)
+
+
+def _example_record(i: int, row: int, batch_no: int, batch_rows: int, batch, example, timing: _BatchTiming,
+                    vocab, eos_id: int) -> Dict[str, Any]:
+  """Example i's line of examples.jsonl (row `row` of batch `batch_no`)."""
+  stats, base_l, spec_l = timing.stats, timing.base_out[row], timing.spec_out[row]
+  return {
+      'index': i, 'batch': batch_no, 'input_length': int(len(example['inputs'])),
+      'padded_input_length': int(batch['encoder_input_tokens'].shape[1]),
+      # Wall time of the whole batch (per example at batch size 1).
+      'baseline_s': timing.base_s, 'speculative_s': timing.spec_s, 'batch_rows': batch_rows,
+      'baseline_tokens': num_tokens(base_l, eos_id),
+      'speculative_tokens': num_tokens(spec_l, eos_id),
+      'identical': bool(np.array_equal(base_l, spec_l)),
+      'target_calls': int(stats['target_calls'][row]), 'drafted': int(stats['drafted'][row]),
+      'judged': int(stats['judged'][row]), 'accepted': int(stats['accepted'][row]),
+      'accepted_at': stats['accepted_at'][row].astype(int).tolist(),
+      'overlap_sum': float(stats['overlap_sum'][row]),
+      'overlap_count': int(stats['overlap_count'][row]), 'emitted': int(stats['emitted'][row]),
+      'baseline_text': vocab.decode(base_l.tolist()),
+      'speculative_text': vocab.decode(spec_l.tolist()),
+      'reference_text': example['targets_pretokenized'].decode('utf-8'),
+  }
+
+
+def _print_progress(label: str, recs: Sequence[Mapping[str, Any]], total: int, elapsed: float,
+                    measured: int) -> None:
+  """One progress line: examples done, the speedup and speculative tokens/s so far, and the time left."""
+  remaining = total - len(recs)
+  toks = sum(r['speculative_tokens'] for r in recs)
+  spec_total = sum(r['speculative_s'] for r in reporting.batch_heads(recs))
+  base_total = sum(r['baseline_s'] for r in reporting.batch_heads(recs))
+  print(f'  [{label}] {len(recs)}/{total} '
+        f'examples, speedup so far {base_total / max(spec_total, 1e-9):.2f}x, speculative '
+        f'{toks / max(spec_total, 1e-9):.0f} tokens/s, ETA {remaining * elapsed / measured / 60:.1f} min',
+        flush=True)
+
+
+def _resume(examples_path: str, num_examples: int) -> Dict[int, dict]:
+  """The records an interrupted run left (`resume_records`), saying so when there are any."""
+  done = resume_records(examples_path)
+  if done:
+    print(f'Resuming: {len(done)} of {num_examples} examples already measured in {examples_path}.',
+          flush=True)
+  return done
+
+
+def _quality(task, records: Sequence[Mapping[str, Any]], examples) -> Dict[str, Dict[str, float]]:
+  """The task's metrics of both decoders' outputs."""
+  return {
       'baseline': evaluation.score_predictions(task, [r['baseline_text'] for r in records], examples),
       'speculative': evaluation.score_predictions(task, [r['speculative_text'] for r in records], examples),
   }
-  cost_s = time.perf_counter() - cost_start
-  summary = summarize(records, costs, setting, in_loop_by_rows)
+
+
+def _summarize(models: ModelPair, data: TaskSplit, setting: Setting, output: Output, records, costs,
+               in_loop_by_rows, quality, wall_seconds: Mapping[str, float], recorded: Mapping[str, Any]
+               ) -> Dict[str, Any]:
+  """`reporting.summarize_benchmark` and the run's facts: what ran, where, when, and its fingerprint."""
+  summary = reporting.summarize_benchmark(records, costs, setting, in_loop_by_rows)
   summary.update(
-      wall_seconds={'compile_and_warmup': warmup_s, 'timed_decoding': decode_s, 'cost_measurement': cost_s},
-      task=task_name, split=split, drafter=drafter_name, lengths=dict(lengths),
-      setting=dataclasses.asdict(setting), quality=quality, costs=costs,
-      machine=machine_info(), date=datetime.datetime.now().isoformat(timespec='seconds'),
-      command=run_command(), fingerprint=recorded, **dict(extra_info or {}))
-  write_outputs(output_dir, summary, records, write_plot)
+      wall_seconds=dict(wall_seconds), task=data.task, split=data.split, drafter=models.drafter_name,
+      lengths=dict(data.lengths), setting=dataclasses.asdict(setting), quality=quality, costs=costs,
+      machine=reporting.machine_info(), date=datetime.datetime.now().isoformat(timespec='seconds'),
+      command=reporting.run_command(), fingerprint=recorded, **dict(output.extra_info or {}))
   return summary
+
+
+def _costs(models: ModelPair, data: TaskSplit, setting: Setting, decoders: Decoders, batches, output_dir: str,
+           measuring: Measuring) -> Tuple[Dict[str, float], Optional[Dict[int, Dict[str, float]]]]:
+  """(call costs, in-loop costs by batch rows): those a resumed run stored, else measured on the first batch."""
+  enc0 = batches[0][1]['encoder_input_tokens']
+  cost_key = (models.target_module, models.drafter_module, id(models.target_params), id(models.drafter_params),
+              enc0.shape, enc0.tobytes(), data.lengths['targets'], setting.gamma)
+  stored_costs, stored_in_loop = stored_cost_measurements(output_dir, batches[0][0], setting.batch_size)
+  if stored_costs is not None:  # a resumed run keeps the costs it measured first, so its columns stay put
+    print('  costs (c, call costs, in-loop costs) as measured by the run being resumed (benchmark.json); '
+          'a fresh OUTPUT_DIR measures them anew.', flush=True)
+    _COST_CACHE.setdefault(cost_key, stored_costs)
+  elif cost_key not in _COST_CACHE:  # rows differing only in temperature share the call costs
+    _COST_CACHE[cost_key] = profiling.measure_costs(models.target_module, models.target_params,
+                                                    models.drafter_module, models.drafter_params, enc0,
+                                                    data.lengths['targets'], setting.gamma)
+  costs = stored_costs if stored_costs is not None else _COST_CACHE[cost_key]
+  in_loop_by_rows = stored_in_loop  # None unless stored
+  if measuring.measure_in_loop and measuring.mesh is None and in_loop_by_rows is None:
+    in_loop_by_rows = _in_loop_costs(models, setting, decoders, batches[0][1])
+  return costs, in_loop_by_rows
+
+
+def _in_loop_costs(models: ModelPair, setting: Setting, decoders: Decoders, first) -> Dict[int, Dict[str, float]]:
+  """One round, phase by phase, inside a compiled loop (the `first` batch, its baseline output as the prefix), at
+  every batch size the shrinking loops run at (B, B/2, ..., 1: the first rows of the batch)."""
+  decoded_l = partitioning.to_host(
+      decoders.base_predict(decoders.base_params, first, jax.random.PRNGKey(setting.seed))[0])[0]
+  return {
+      rows: profiling.in_loop_costs(models.target_module, models.target_params, models.drafter_module,
+                                    models.drafter_params, {k: v[:rows] for k, v in first.items()}, decoded_l,
+                                    setting.gamma, setting.speculative_params())
+      for rows in batch_shrink.stage_sizes(setting.batch_size)}
+
+
+def stored_cost_measurements(output_dir: str, first_batch: Sequence[int], batch_size: int
+                             ) -> Tuple[Optional[Dict[str, float]], Optional[Dict[int, Dict[str, float]]]]:
+  """(costs, in-loop costs by batch rows) that an earlier run of this `output_dir` stored in benchmark.json.
+
+  Only a run whose fingerprint matched gets here, so the models, γ, lengths and devices are the same; the costs
+  were measured on the first batch, so they are reused only when that batch (`first_batch`, its example indices)
+  is the one they were measured on. (None, None) when there is nothing to reuse.
+  """
+  path = os.path.join(output_dir, 'benchmark.json')
+  try:
+    with open(path, encoding='utf-8') as f:
+      stored = json.load(f)
+    with open(os.path.join(output_dir, 'examples.jsonl'), encoding='utf-8') as f:  # complete by now
+      measured_first = sorted(r['index'] for r in map(json.loads, filter(str.strip, f)) if r.get('batch') == 0)
+  except (OSError, ValueError, KeyError, TypeError):
+    return None, None
+  if not isinstance(stored, dict) or not stored.get('costs') or measured_first != list(first_batch):
+    return None, None
+  if stored.get('in_loop_by_rows'):
+    in_loop = {int(rows): dict(c) for rows, c in stored['in_loop_by_rows'].items()}
+  elif stored.get('in_loop'):
+    in_loop = {batch_size: dict(stored['in_loop'])}
+  else:
+    in_loop = None
+  return dict(stored['costs']), in_loop
 
 
 # Models (and with them their compiled decode functions) are reused across runs in one process, so a table of
@@ -389,255 +550,15 @@ def _vocab_size(module) -> int:
   return module.config.vocab_size
 
 
-def _batch_heads(records: Sequence[Mapping[str, Any]]) -> List[Mapping[str, Any]]:
-  """One record per batch (batch times are stored on every row of the batch)."""
-  seen, out = set(), []
-  for r in records:
-    if r['batch'] not in seen:
-      seen.add(r['batch'])
-      out.append(r)
-  return out
-
-
-def summarize(records: Sequence[Mapping[str, Any]], costs: Mapping[str, float], setting: Setting,
-              in_loop_by_rows: Optional[Mapping[int, Mapping[str, float]]] = None) -> Dict[str, Any]:
-  """The benchmark's numbers from per-example records and the measured call costs.
-
-  `in_loop_by_rows`: `profiling.in_loop_costs` at each batch size the loops run at (`batch_shrink.stage_sizes`);
-  the summary's `in_loop` is the full batch's.
-  """
-  heads = _batch_heads(records)
-  in_loop = in_loop_by_rows[setting.batch_size] if in_loop_by_rows else None
-  base_total = sum(r['baseline_s'] for r in heads)
-  spec_total = sum(r['speculative_s'] for r in heads)
-  base_tokens = sum(r['baseline_tokens'] for r in records)
-  spec_tokens = sum(r['speculative_tokens'] for r in records)
-  tot = lambda key: float(sum(r[key] for r in records))
-  judged, accepted, drafted = tot('judged'), tot('accepted'), tot('drafted')
-  calls = tot('target_calls')
-  alpha_accept = accepted / judged if judged else 0.0  # nothing judged (every row ended at once): no evidence
-  alpha_overlap = tot('overlap_sum') / tot('overlap_count') if tot('overlap_count') else 0.0
-  accepted_at = np.sum([r['accepted_at'] for r in records], axis=0).astype(float)
-  # P(draft j kept | drafts < j kept): rounds reaching position j are those that kept j-1 (or all rounds).
-  reached = np.concatenate([[calls], accepted_at[:-1]])
-  per_position = np.where(reached > 0, accepted_at / np.maximum(reached, 1), np.nan)
-  gamma = setting.gamma
-  alpha_for_theory = min(max(alpha_accept, 0.0), 1.0)
-  thm38 = float(theory.expected_speedup(alpha_for_theory, gamma, costs['c']))
-  from_costs = float(theory.predicted_speedup_from_costs(
-      alpha_for_theory, gamma, costs['draft_call_s'], costs['target_call_s'], costs['verify_call_s']))
-  speedup = base_total / spec_total
-  identical = [r['identical'] for r in records]
-  mismatches = [dict(index=r['index'], **r['mismatch']) for r in records if 'mismatch' in r]
-  return {
-      'examples': len(records),
-      'baseline_seconds': base_total, 'speculative_seconds': spec_total,
-      'baseline_ms_per_example': 1000 * float(np.median([r['baseline_s'] for r in heads])),
-      'speculative_ms_per_example': 1000 * float(np.median([r['speculative_s'] for r in heads])),
-      'speedup': speedup,
-      'median_example_speedup': float(np.median([r['baseline_s'] / r['speculative_s'] for r in heads])),
-      'baseline_tokens': base_tokens, 'speculative_tokens': spec_tokens,
-      'baseline_tokens_per_s': base_tokens / base_total, 'speculative_tokens_per_s': spec_tokens / spec_total,
-      'alpha_accept': alpha_accept, 'alpha_overlap': alpha_overlap,
-      'accepted_per_drafted': accepted / drafted if drafted else 0.0,
-      'tokens_per_target_call': tot('emitted') / calls if calls else 0.0,
-      'target_calls': calls, 'drafted': drafted, 'judged': judged, 'accepted': accepted,
-      'acceptance_per_position': [None if np.isnan(x) else float(x) for x in per_position],
-      'predicted_speedup_thm38': thm38,
-      'predicted_speedup_costs': from_costs,
-      'measured_over_predicted': speedup / from_costs,
-      'expected_tokens_per_call': float(theory.expected_tokens(alpha_for_theory, gamma)),
-      # The α this γ and these measured costs would need for the issue's speed targets (nan: unreachable).
-      'alpha_needed': {str(x): _finite_or_none(theory.required_alpha(x, gamma, costs['c'],
-                                                                     costs['verify_cost_ratio']))
-                       for x in (1.5, 2.0)},
-      'identical_rate': float(np.mean(identical)) if setting.temperature == 0 else None,
-      'mismatches': mismatches,
-      'in_loop': dict(in_loop) if in_loop else None,
-      'in_loop_by_rows': ({str(rows): dict(c) for rows, c in in_loop_by_rows.items()}
-                          if in_loop_by_rows and setting.batch_size > 1 else None),
-      'fitted': _fitted_costs(records),
-      'predicted_speedup_in_loop': (profiling.predicted_speedup_in_loop_batched(
-          in_loop_by_rows, _steps_per_batch(records, setting.batch_size)) if in_loop else None),
-  }
-
-
-def _steps_per_batch(records: Sequence[Mapping[str, Any]], batch_size: int):
-  """(baseline tokens per row, target calls per row) of each batch, padded to `batch_size` rows with rows that
-  take no steps (a short last batch still runs at the full batch's size)."""
-  by_batch: Dict[int, Tuple[List[int], List[int]]] = {}
-  for r in records:
-    tokens_r, calls_r = by_batch.setdefault(r['batch'], ([], []))
-    tokens_r.append(r['baseline_tokens'])
-    calls_r.append(r['target_calls'])
-  pad = lambda xs: xs + [0] * (batch_size - len(xs))
-  return [(pad(t), pad(c)) for t, c in by_batch.values()]
-
-
-def _fitted_costs(records: Sequence[Mapping[str, Any]]) -> Optional[Dict[str, float]]:
-  """Fixed and per-step costs of both decoders fitted over the examples (`profiling.fitted_costs`): what a
-  round costs in the real loop. Batch 1 only (a batch's time is its slowest row's); None when it cannot be fitted."""
-  if (not records or any(r.get('batch_rows', 1) != 1 for r in records)
-      or len({r.get('batch') for r in records}) != len(records)):
-    return None
-  rows = [{'tokens': r['baseline_tokens'], 'target_calls': r['target_calls'], 'baseline_s': r['baseline_s'],
-           'speculative_s': r['speculative_s']} for r in records]
-  try:
-    return profiling.fitted_costs(rows)
-  except ValueError:  # every example took the same number of steps
-    return None
-
-
-def _finite_or_none(x: float) -> Optional[float]:
-  """None for nan/inf, so the JSON written is strict (nan: e.g. a speedup out of reach at any α)."""
-  return float(x) if np.isfinite(x) else None
-
-
-def run_command(argv: Optional[Sequence[str]] = None) -> str:
-  """The command line that made a result, relative to the repository: `python -m specdec.main ...` for a
-  module run with -m (whose argv[0] is its absolute file path), else argv[0] relative to the working directory."""
-  argv = list(sys.argv if argv is None else argv)
-  program = os.path.abspath(argv[0]) if argv else ''
-  package_dir = os.path.dirname(os.path.abspath(__file__))
-  if os.path.dirname(program) == package_dir:
-    head = f'python -m specdec.{os.path.splitext(os.path.basename(program))[0]}'
-  else:
-    head = 'python ' + os.path.relpath(program) if program else 'python'
-  return ' '.join([head] + argv[1:])
-
-
-def machine_info() -> Dict[str, Any]:
-  return {'platform': platform.platform(), 'processor': platform.processor() or platform.machine(),
-          'cpu_count': os.cpu_count(), 'python': platform.python_version(), 'jax': jax.__version__,
-          'backend': jax.default_backend(), 'devices': [str(d) for d in jax.devices()]}
-
-
-CSV_FIELDS = ('index', 'input_length', 'padded_input_length', 'baseline_s', 'speculative_s', 'baseline_tokens',
-              'speculative_tokens', 'identical', 'target_calls', 'drafted', 'judged', 'accepted', 'emitted')
-
-
-def markdown(summary: Mapping[str, Any]) -> str:
-  s = summary
-  setting = s['setting']
-  lines = [
-      f"# Benchmark: {s['task']}:{s['split']}, drafter {s['drafter']}, γ={setting['gamma']}, "
-      f"temperature {setting['temperature']:g}, batch {setting['batch_size']}",
-      '',
-      f"{s['date']} · {s['machine']['processor']}, {s['machine']['cpu_count']} CPUs · "
-      f"jax {s['machine']['jax']} ({s['machine']['backend']}) · `{s['command']}`",
-      '',
-      '| quantity | value |', '|---|---|',
-      f"| examples | {s['examples']} |",
-      f"| measured speedup (Σ baseline / Σ speculative wall time) | **{s['speedup']:.2f}×** |",
-      f"| median per-example speedup | {s['median_example_speedup']:.2f}× |",
-      f"| baseline / speculative ms per example (median) | {s['baseline_ms_per_example']:.1f} / "
-      f"{s['speculative_ms_per_example']:.1f} |",
-      f"| tokens/s baseline / speculative | {s['baseline_tokens_per_s']:.0f} / "
-      f"{s['speculative_tokens_per_s']:.0f} |",
-      f"| α (accepted / judged) | {s['alpha_accept']:.3f} |",
-      f"| α (E[Σ min(p, q)]) | {s['alpha_overlap']:.3f} |",
-      f"| accepted / drafted | {s['accepted_per_drafted']:.3f} |",
-      f"| tokens per target call (Eq. 1 predicts) | {s['tokens_per_target_call']:.2f} "
-      f"({s['expected_tokens_per_call']:.2f}) |",
-      f"| acceptance per draft position | {', '.join('-' if x is None else f'{x:.2f}' for x in s['acceptance_per_position'])} |",
-      f"| c = drafter call / target call | {s['costs']['c']:.3f} "
-      f"({1000 * s['costs']['draft_call_s']:.3f} / {1000 * s['costs']['target_call_s']:.3f} ms) |",
-      f"| verify call (γ+1 tokens) / 1-token call | {s['costs']['verify_cost_ratio']:.2f} |",
-      f"| predicted speedup, Thm 3.8 (α, c) | {s['predicted_speedup_thm38']:.2f}× |",
-      f"| predicted speedup, measured call costs | {s['predicted_speedup_costs']:.2f}× |",
-      f"| measured / predicted (costs) | {s['measured_over_predicted']:.2f} |",
-      f"| α needed at this γ and these costs for 1.5× / 2× | {tables.fmt(s['alpha_needed']['1.5'], none='unreachable')} / "
-      f"{tables.fmt(s['alpha_needed']['2.0'], none='unreachable')} |",
-  ]
-  if s.get('in_loop'):
-    il = s['in_loop']
-    lines += [
-        f"| inside the loop: c (draft step / baseline round) | {il['c_in_loop']:.3f} "
-        f"({1000 * il['draft_s'] / setting['gamma']:.3f} / {1000 * il['baseline_round_s']:.3f} ms) |",
-        f"| inside the loop: round less drafting (a) / baseline round | {il['round_fixed_in_loop']:.2f} "
-        f"({1000 * (il['round_s'] - il['draft_s']):.3f} / {1000 * il['baseline_round_s']:.3f} ms) |",
-        f"| per-example fixed cost, baseline / speculative | {1000 * il['baseline_fixed_s']:.2f} / "
-        f"{1000 * il['speculative_fixed_s']:.2f} ms |",
-        f"| predicted speedup, in-loop costs | {s['predicted_speedup_in_loop']:.2f}× "
-        f"(measured / predicted {s['speedup'] / s['predicted_speedup_in_loop']:.2f}) |",
-    ]
-  if s.get('in_loop_by_rows'):  # batch > 1: the shrinking loops' stages, each at its own cost
-    by_rows = sorted(s['in_loop_by_rows'].items(), key=lambda kv: -int(kv[0]))
-    lines.append('| baseline step / speculative round at ' + ', '.join(k for k, _ in by_rows) + ' rows | '
-                 + ', '.join(f"{1000 * c['baseline_round_s']:.2f} / {1000 * c['round_s']:.2f}" for _, c in by_rows)
-                 + ' ms |')
-  if s.get('fitted'):
-    fit = s['fitted']
-    lines.append(
-        f"| the real loop (fitted over the examples): round / baseline token | {fit['round_in_baseline_tokens']:.2f} "
-        f"({1000 * fit['round_s']:.3f} / {1000 * fit['baseline_token_s']:.3f} ms), "
-        f"{fit['tokens_per_round']:.2f} tokens a round |")
-  if s['identical_rate'] is not None:
-    lines.append(f"| identical greedy outputs | {100 * s['identical_rate']:.1f}% "
-                 f"({s['examples'] - len(s['mismatches'])}/{s['examples']}) |")
-  for name in ('baseline', 'speculative'):
-    q = ', '.join(f'{k} {v:.2f}' for k, v in sorted(s['quality'][name].items()))
-    lines.append(f'| quality, {name} | {q} |')
-  if s['mismatches']:
-    lines += ['', '## Greedy mismatches', '', '| example | position | baseline token | speculative token | '
-              'logit margin | top-2 gap |', '|---|---|---|---|---|---|']
-    lines += [f"| {m['index']} | {m['position']} | {m['baseline_token']} | {m['speculative_token']} | "
-              f"{m['margin']:.2e} | {m['top2_gap']:.2e} |" for m in s['mismatches']]
-  return '\n'.join(lines) + '\n'
-
-
 def write_outputs(output_dir: str, summary: Mapping[str, Any], records: Sequence[Mapping[str, Any]],
                   write_plot: bool = True) -> None:
-  """benchmark.json, benchmark.csv (per example), benchmark.md and benchmark.png, each written atomically."""
-  checkpoints.atomic_write(os.path.join(output_dir, 'benchmark.json'),
-                           json.dumps(summary, indent=2, allow_nan=False).encode())
-  rows = [','.join(CSV_FIELDS)]
-  rows += [','.join(str(r[k]) for k in CSV_FIELDS) for r in records]
-  checkpoints.atomic_write(os.path.join(output_dir, 'benchmark.csv'), ('\n'.join(rows) + '\n').encode())
-  checkpoints.atomic_write(os.path.join(output_dir, 'benchmark.md'), markdown(summary).encode())
+  """benchmark.json, benchmark.csv (per example, `reporting.benchmark_csv`), benchmark.md
+  (`reporting.benchmark_markdown`) and benchmark.png (`plots.plot_benchmark`), each written atomically."""
+  fileio.atomic_write(os.path.join(output_dir, 'benchmark.json'),
+                      json.dumps(summary, indent=2, allow_nan=False).encode())
+  fileio.atomic_write(os.path.join(output_dir, 'benchmark.csv'), reporting.benchmark_csv(records).encode())
+  fileio.atomic_write(os.path.join(output_dir, 'benchmark.md'), reporting.benchmark_markdown(summary).encode())
   if write_plot:
-    plot(os.path.join(output_dir, 'benchmark.png'), summary, records)
+    plots.plot_benchmark(os.path.join(output_dir, 'benchmark.png'), summary, records)
 
 
-def plot(path: str, summary: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> None:
-  """Per-example wall times (baseline vs speculative) and acceptance per draft position."""
-  plt = pyplot()
-  heads = _batch_heads(records)
-  fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-  base = np.array([1000 * r['baseline_s'] for r in heads])
-  spec = np.array([1000 * r['speculative_s'] for r in heads])
-  ax1.scatter(base, spec, s=10)
-  top = float(max(base.max(), spec.max())) * 1.05
-  ax1.plot([0, top], [0, top], 'k--', lw=1, label='equal time')
-  ax1.plot([0, top], [0, top / 2], 'g:', lw=1, label='2× faster')
-  ax1.set_xlabel('baseline ms per batch')
-  ax1.set_ylabel('speculative ms per batch')
-  ax1.set_title(f"speedup {summary['speedup']:.2f}× (predicted {summary['predicted_speedup_costs']:.2f}×)")
-  ax1.legend()
-  pos = summary['acceptance_per_position']
-  ax2.bar(np.arange(1, len(pos) + 1), [np.nan if x is None else x for x in pos])
-  ax2.axhline(summary['alpha_accept'], color='k', ls='--', lw=1, label=f"α = {summary['alpha_accept']:.2f}")
-  ax2.set_xlabel('draft position')
-  ax2.set_ylabel('P(kept | earlier drafts kept)')
-  ax2.set_ylim(0, 1)
-  ax2.legend()
-  fig.suptitle(f"{summary['task']}, drafter {summary['drafter']}, γ={summary['setting']['gamma']}, "
-               f"t={summary['setting']['temperature']:g}")
-  save_png(fig, path)
-
-
-def pyplot():
-  """matplotlib.pyplot on the non-interactive Agg backend (imported on first use: plots are optional)."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  return plt
-
-
-def save_png(fig, path: str) -> None:
-  """Writes a figure as PNG atomically (`checkpoints.atomic_write`) and closes it."""
-  fig.tight_layout()
-  buf = io.BytesIO()
-  fig.savefig(buf, format='png', dpi=110)
-  pyplot().close(fig)
-  checkpoints.atomic_write(path, buf.getvalue())

@@ -27,8 +27,6 @@ only its shard (`restore_params`; see docs/checkpoints.md):
 
 import dataclasses
 import functools
-import hashlib
-import json
 import re
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
@@ -47,12 +45,7 @@ PyTree = Any
 CONFIG_FILE = 'config.json'
 PARAMS_FILE = 'params.msgpack'
 # config.json field {file name: sha256 hex of its bytes}, checked on load.
-FILES_FIELD = 'files'
-
-
-def atomic_write(path: str, data: bytes) -> None:
-  """Writes `data` to `path` whole or not at all (`fileio.atomic_write`: local or gs://)."""
-  fileio.atomic_write(path, data)
+FILES_FIELD = fileio.FILES_FIELD
 
 
 def config_to_dict(config: network.T5Config) -> dict:
@@ -70,33 +63,9 @@ def config_from_dict(fields: dict) -> network.T5Config:
   return network.T5Config(**fields)
 
 
-def sha256_hex(data: bytes) -> str:
-  return hashlib.sha256(data).hexdigest()
-
-
-def read_json_meta(path: str) -> dict:
-  """A model's config.json as a dict; ValueError naming the file if damaged."""
-  if not fileio.exists(path):
-    raise FileNotFoundError(f'No model config at {path}.')
-  return hf_checkpoint.read_json_object(path, kind='config file')
-
-
-def read_verified(directory: str, name: str, meta: Mapping[str, Any]) -> bytes:
-  """The bytes of `directory/name`, checked against meta['files'][name].
-
-  A model saved before hashes were recorded (no entry) is read unchecked.
-  """
-  path = fileio.join(directory, name)
-  if not fileio.exists(path):
-    raise FileNotFoundError(f'No {name} at {path}.')
-  with fileio.open(path, 'rb') as f:
-    data = f.read()
-  recorded = (meta.get(FILES_FIELD) or {}).get(name)
-  if recorded is not None and sha256_hex(data) != recorded:
-    raise ValueError(
-        f'{path}: damaged, truncated or modified file (sha256 '
-        f'{sha256_hex(data)[:16]}..., {CONFIG_FILE} records {recorded[:16]}...).')
-  return data
+def _read_meta(directory: str) -> dict:
+  """A model directory's config.json as a dict; ValueError naming the file if damaged."""
+  return fileio.read_json_object(fileio.join(directory, CONFIG_FILE), kind='config file')
 
 
 def record_file_hashes(directory: str, names: Sequence[str]) -> dict:
@@ -105,14 +74,13 @@ def record_file_hashes(directory: str, names: Sequence[str]) -> dict:
   For models saved before hashes were recorded (and after a deliberate edit
   of a model file). Returns the updated metadata.
   """
-  path = fileio.join(directory, CONFIG_FILE)
-  meta = read_json_meta(path)
+  meta = _read_meta(directory)
   files = dict(meta.get(FILES_FIELD) or {})
   for name in names:
     with fileio.open(fileio.join(directory, name), 'rb') as f:
-      files[name] = sha256_hex(f.read())
+      files[name] = fileio.sha256_hex(f.read())
   meta[FILES_FIELD] = files
-  atomic_write(path, json.dumps(meta, indent=2, sort_keys=True).encode())
+  fileio.write_json(fileio.join(directory, CONFIG_FILE), meta)
   return meta
 
 
@@ -124,15 +92,14 @@ def save_compact(directory: str, config: network.T5Config, params: PyTree,
   data = flax.serialization.msgpack_serialize(flax.core.unfreeze(stored))
   meta = {'config': config_to_dict(config),
           'storage_dtype': jnp.dtype(storage_dtype).name,
-          FILES_FIELD: {PARAMS_FILE: sha256_hex(data)}}
+          FILES_FIELD: {PARAMS_FILE: fileio.sha256_hex(data)}}
   if extra:
     clash = set(extra) & set(meta)
     if clash:
       raise ValueError(f'extra metadata may not replace {sorted(clash)}.')
     meta.update(extra)
-  atomic_write(fileio.join(directory, PARAMS_FILE), data)
-  atomic_write(fileio.join(directory, CONFIG_FILE),
-                json.dumps(meta, indent=2, sort_keys=True).encode())
+  fileio.atomic_write(fileio.join(directory, PARAMS_FILE), data)
+  fileio.write_json(fileio.join(directory, CONFIG_FILE), meta)
 
 
 def _config_of(meta: Mapping[str, Any], path: str) -> network.T5Config:
@@ -146,17 +113,15 @@ def _config_of(meta: Mapping[str, Any], path: str) -> network.T5Config:
 
 
 def load_config(directory: str) -> network.T5Config:
-  path = fileio.join(directory, CONFIG_FILE)
-  return _config_of(read_json_meta(path), path)
+  return _config_of(_read_meta(directory), fileio.join(directory, CONFIG_FILE))
 
 
 def _read_compact(directory: str) -> Tuple[network.T5Config, PyTree]:
   """(config, stored params tree) of a compact model, hash-checked."""
-  config_path = fileio.join(directory, CONFIG_FILE)
-  meta = read_json_meta(config_path)
-  config = _config_of(meta, config_path)
+  meta = _read_meta(directory)
+  config = _config_of(meta, fileio.join(directory, CONFIG_FILE))
   path = fileio.join(directory, PARAMS_FILE)
-  data = read_verified(directory, PARAMS_FILE, meta)
+  data = fileio.read_verified(path, fileio.recorded_sha256(meta, PARAMS_FILE), CONFIG_FILE)
   try:
     stored = flax.serialization.msgpack_restore(data)
   except Exception as e:  # pylint: disable=broad-except  (msgpack's many errors)
@@ -199,21 +164,6 @@ def training_checkpoint_manager(directory: str, max_to_keep: int = 2
   return ocp.CheckpointManager(
       fileio.abspath(directory),  # gs:// as it is: Orbax writes there itself
       options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True))
-
-
-def load_module_and_params(directory: str):
-  """(flax module, float32 params) for any shipped model directory.
-
-  A compact T5 model (config.json + params.msgpack) or an n-gram drafter
-  (config.json + counts.npz).
-  """
-  from specdec import ngram  # pylint: disable=g-import-not-at-top  (ngram imports this module)
-  if not fileio.isdir(directory):
-    raise FileNotFoundError(f'No model directory at {directory}.')
-  if ngram.is_ngram_dir(directory):
-    return ngram.load(directory)
-  config, params = load_compact(directory)
-  return network.Transformer(config), params
 
 
 # -----------------------------------------------------------------------------

@@ -45,10 +45,11 @@ import os
 import re
 import shutil
 import subprocess
-import tempfile
 import time
 from typing import (Callable, Collection, Dict, Iterable, Iterator, List,
                     Mapping, Optional, Sequence, Tuple)
+
+from specdec import fileio
 
 ORIGIN = "ddtp"
 TRANSLATE_PREFIX = "translate English to German: "
@@ -158,7 +159,7 @@ def write_apt_config(apt_dir: str,
           f'Acquire::Languages {{ {langs} }};\n'
           'Acquire::GzipIndexes "false";\n')
   path = os.path.join(apt_dir, "apt.conf")
-  _atomic_write_bytes(path, conf.encode("utf-8"))
+  fileio.atomic_write(path, conf.encode("utf-8"))
   return path
 
 
@@ -474,14 +475,6 @@ class Lists:
   stats: Dict[str, int]
 
 
-def _file_sha256(path: str) -> str:
-  h = hashlib.sha256()
-  with open(path, "rb") as f:
-    for block in iter(lambda: f.read(1 << 20), b""):
-      h.update(block)
-  return h.hexdigest()
-
-
 def load_lists(lists_dir: str, log: Log = _no_log) -> Lists:
   """Reads and parses all Translation-en/-de and Packages lists in a folder."""
   found = find_lists(lists_dir)
@@ -490,7 +483,7 @@ def load_lists(lists_dir: str, log: Log = _no_log) -> Lists:
     for path in found[kind]:
       inputs.append({"name": list_display_name(path),
                      "bytes": os.path.getsize(path),
-                     "sha256": _file_sha256(path)})
+                     "sha256": fileio.file_sha256(path)})
   by_lang: Dict[str, Dict[str, Description]] = {"en": {}, "de": {}}
   packages: Dict[str, set] = collections.defaultdict(set)
   entries = {"en": 0, "de": 0}
@@ -697,72 +690,6 @@ def filter_leakage(splits: Mapping[str, List[Dict[str, object]]],
 # --------------------------------------------------------------------------
 
 
-def _atomic_write_bytes(path: str, data: bytes) -> str:
-  """Writes `data` to a temporary file next to `path`, then renames it."""
-  directory = os.path.dirname(os.path.abspath(path))
-  os.makedirs(directory, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=directory,
-                             prefix=f".{os.path.basename(path)}.",
-                             suffix=".tmp")
-  try:
-    with os.fdopen(fd, "wb") as f:
-      f.write(data)
-      f.flush()
-      os.fsync(f.fileno())
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.unlink(tmp)
-    raise
-  return hashlib.sha256(data).hexdigest()
-
-
-def jsonl_bytes(rows: Iterable[Mapping[str, object]]) -> bytes:
-  return b"".join(
-      (json.dumps(row, ensure_ascii=False, separators=(", ", ": ")) + "\n"
-       ).encode("utf-8") for row in rows)
-
-
-def write_jsonl(path: str, rows: Iterable[Mapping[str, object]]) -> str:
-  """Atomically writes rows as JSON Lines; returns the file's sha256."""
-  return _atomic_write_bytes(path, jsonl_bytes(rows))
-
-
-def iter_jsonl_rows(lines: Iterable[bytes], where: str
-                    ) -> Iterator[Dict[str, object]]:
-  """The JSON objects of JSON Lines given as raw byte lines; blank lines skipped.
-
-  A line that is not UTF-8, not JSON or not an object raises ValueError
-  naming `where` and the 1-based line number.
-  """
-  for line_no, line in enumerate(lines, start=1):
-    if not line.strip():
-      continue
-    try:
-      row = json.loads(line.decode("utf-8"))
-    except UnicodeDecodeError as e:
-      raise ValueError(f"{where}:{line_no}: not UTF-8 ({e.reason} at byte "
-                       f"{e.start} of the line): the file is damaged or was "
-                       "not written by scripts/build_corpus.py") from None
-    except json.JSONDecodeError as e:
-      raise ValueError(f"{where}:{line_no}: not valid JSON ({e})") from None
-    if not isinstance(row, dict):
-      raise ValueError(f"{where}:{line_no}: a JSON {type(row).__name__}, "
-                       "expected an object (one row per line)")
-    yield row
-
-
-def count_jsonl_rows(lines: Iterable[bytes], where: str) -> int:
-  """Checks every line (see iter_jsonl_rows); returns the number of rows."""
-  return sum(1 for _ in iter_jsonl_rows(lines, where))
-
-
-def read_jsonl(path: str) -> List[Dict[str, object]]:
-  with open(path, "rb") as f:
-    return list(iter_jsonl_rows(f, path))
-
-
 def build_corpora(lists_dir: str,
                   out_dir: str,
                   ratios: Sequence[float] = DEFAULT_RATIOS,
@@ -785,7 +712,7 @@ def build_corpora(lists_dir: str,
     files = {}
     for split in SPLITS:
       rel = f"{name}/{split}.jsonl"
-      digest = write_jsonl(os.path.join(out_dir, rel), splits[split])
+      digest = fileio.write_jsonl(os.path.join(out_dir, rel), splits[split])
       files[split] = {"file": rel, "count": len(splits[split]),
                       "sha256": digest}
       log(f"{name:16s} {split:10s} {len(splits[split]):7,d} rows  "
@@ -820,7 +747,8 @@ def build_corpora(lists_dir: str,
   }
   data = (json.dumps(manifest, indent=2, sort_keys=True, ensure_ascii=False)
           + "\n").encode("utf-8")
-  digest = _atomic_write_bytes(os.path.join(out_dir, MANIFEST_NAME), data)
+  fileio.atomic_write(os.path.join(out_dir, MANIFEST_NAME), data)
+  digest = fileio.sha256_hex(data)
   log(f"manifest.json sha256 {digest}; built in {time.time() - t0:.1f}s")
   return manifest
 
@@ -832,7 +760,7 @@ def verify_manifest(out_dir: str) -> Dict[str, object]:
   for name, corpus in manifest["corpora"].items():
     for split, info in corpus["splits"].items():
       path = os.path.join(out_dir, info["file"])
-      digest = _file_sha256(path)
+      digest = fileio.file_sha256(path)
       if digest != info["sha256"]:
         raise ValueError(f"{path}: sha256 {digest} != {info['sha256']}")
       with open(path, "rb") as fh:

@@ -15,11 +15,16 @@ Sequence layout (as T5X): position 0 holds BOS (0); positions 1..L are the
 output `decodes[..., :L]`; non-zero entries of `inputs[:, 1:]` are a prompt
 that is teacher-forced and excluded from the log-probabilities; after a
 generated EOS a row emits 0.
+
+Each decode function is declared with its kind (`kind_of`): `temperature_sample`
+is AUTOREGRESSIVE (T5X's decode_fn contract, returns (decodes, log_probs)),
+`speculative_sample` is SPECULATIVE (also takes the drafter's cache and
+`draft_tokens_to_logits`, returns a `SpeculativeOutput`).
 """
 
 import dataclasses
 import functools
-from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Tuple, TypeVar, Union
 
 import flax
 import jax
@@ -50,6 +55,43 @@ class DecodingState:
 
 
 TokensToLogits = Callable[[DecodingState], Tuple[jax.Array, PyTree]]
+DecodeFn = TypeVar('DecodeFn', bound=Callable[..., Any])
+
+# The kinds of decode function `models.SpeculativeEncoderDecoderModel` calls.
+# AUTOREGRESSIVE: T5X's decode_fn arguments, returns (decodes, log_probs).
+# SPECULATIVE: also takes `draft_cache` and `draft_tokens_to_logits` and
+# returns a `SpeculativeOutput`. A function declared with either kind also
+# takes `shrink_batch`.
+AUTOREGRESSIVE = 'autoregressive'
+SPECULATIVE = 'speculative'
+DECODE_KINDS = (AUTOREGRESSIVE, SPECULATIVE)
+
+
+def declare_kind(kind: str) -> Callable[[DecodeFn], DecodeFn]:
+  """A decorator that records a decode function's kind (read by `kind_of`)."""
+  if kind not in DECODE_KINDS:
+    raise ValueError(f'kind must be one of {DECODE_KINDS}, got {kind!r}.')
+
+  def declare(fn: DecodeFn) -> DecodeFn:
+    fn.decode_kind = kind
+    return fn
+
+  return declare
+
+
+def kind_of(decode_fn: Callable[..., Any]) -> Optional[str]:
+  """The kind `decode_fn` was declared with (`declare_kind`), None if undeclared.
+
+  Seen through `functools.partial` and wrappers that set `__wrapped__` (gin's
+  configurables, `functools.wraps`).
+  """
+  fn = decode_fn
+  while fn is not None:
+    kind = getattr(fn, 'decode_kind', None)
+    if kind is not None:
+      return kind
+    fn = fn.func if isinstance(fn, functools.partial) else getattr(fn, '__wrapped__', None)
+  return None
 
 
 # ---------------------------------------------------------------------------
@@ -57,8 +99,36 @@ TokensToLogits = Callable[[DecodingState], Tuple[jax.Array, PyTree]]
 # ---------------------------------------------------------------------------
 
 
-def _validate_common(inputs, eos_id, num_decodes, temperature, topk, topp,
-                     max_decode_steps, lenience=1.0) -> None:
+def validate_settings(temperature=1.0, topk: int = 1, topp=0.0, lenience: float = 1.0, *,
+                      gamma: Optional[int] = None, draft_confidence: float = 0.0) -> None:
+  """Raises ValueError naming the setting when a decode loop cannot run with it (no inputs needed).
+
+  Checks, in this order: `gamma` (drafts per round, an int >= 1; only when
+  given, i.e. for speculative decoding), `draft_confidence` (in [0, 1)) and the
+  sampling settings (`sampling.validate_sampling_args`: temperature, topk,
+  topp, lenience). The one home of these checks: the decode loops, the
+  benchmark's and the peers' settings all call it.
+  """
+  if gamma is not None and (isinstance(gamma, bool) or not isinstance(gamma, (int, np.integer))
+                            or gamma < 1):
+    raise ValueError(f'gamma must be an int >= 1, got {gamma!r}.')
+  if (isinstance(draft_confidence, bool) or not isinstance(draft_confidence, (int, float))
+      or not 0.0 <= draft_confidence < 1.0):
+    raise ValueError(f'draft_confidence must be a float in [0, 1), got {draft_confidence!r}.')
+  sampling.validate_sampling_args(temperature, topk, topp, lenience)
+
+
+def validate_decode_args(inputs, eos_id, num_decodes: int = 1, temperature=1.0, topk: int = 1,
+                         topp=0.0, max_decode_steps=None, lenience: float = 1.0, *,
+                         gamma: Optional[int] = None, draft_confidence: float = 0.0) -> None:
+  """Raises ValueError naming the argument when a decode loop cannot run with it.
+
+  Checks, in this order: the settings (`validate_settings`: gamma, draft_confidence, temperature, topk, topp,
+  lenience), the prompt `inputs` (a non-empty integer [batch, length] array), `eos_id`, `num_decodes` and a
+  concrete `max_decode_steps` (in [0, length]). Runs on the Python values, before any tracing; traced values
+  are left alone.
+  """
+  validate_settings(temperature, topk, topp, lenience, gamma=gamma, draft_confidence=draft_confidence)
   if inputs.ndim != 2:
     raise ValueError(f'inputs must be [batch, length], got shape {inputs.shape}.')
   if not jnp.issubdtype(inputs.dtype, jnp.integer):
@@ -70,8 +140,7 @@ def _validate_common(inputs, eos_id, num_decodes, temperature, topk, topp,
     raise ValueError(f'eos_id must be an int >= 0, got {eos_id!r}.')
   if not isinstance(num_decodes, (int, np.integer)) or num_decodes < 1:
     raise ValueError(f'num_decodes must be an int >= 1, got {num_decodes!r}.')
-  sampling.validate_sampling_args(temperature, topk, topp, lenience)
-  if max_decode_steps is not None and sampling._is_concrete(max_decode_steps):  # pylint: disable=protected-access
+  if max_decode_steps is not None and not isinstance(max_decode_steps, jax.core.Tracer):
     steps = np.asarray(max_decode_steps)
     if np.any(steps < 0) or np.any(steps > inputs.shape[1]):
       raise ValueError(
@@ -148,6 +217,7 @@ class SamplingLoopState:
   log_prob: jax.Array
 
 
+@declare_kind(AUTOREGRESSIVE)
 def temperature_sample(
     inputs: jax.Array,
     cache: Mapping[str, jax.Array],
@@ -204,8 +274,8 @@ def temperature_sample(
     (decodes [B, num_decodes, L], log_prob [B, num_decodes]) sorted by log_prob
     ascending, as T5X.
   """
-  _validate_common(inputs, eos_id, num_decodes, temperature, topk, topp,
-                   max_decode_steps)
+  validate_decode_args(inputs, eos_id, num_decodes, temperature, topk, topp,
+                       max_decode_steps)
   if decode_rng is None:
     decode_rng = jax.random.PRNGKey(0)
   if (max_decode_steps_hard_limit and max_decode_steps is not None):
@@ -219,7 +289,7 @@ def temperature_sample(
   rows, length = inputs.shape
   max_len_b = _max_decode_len(inputs, max_decode_steps)
   # Known-greedy decoding takes argmax without drawing random numbers.
-  static_greedy = sampling.static_greedy(temperature) is True
+  known_greedy = sampling.static_greedy(temperature)
 
   # Two extra slots: the position after L, and a garbage slot that rows
   # which already reached their limit keep overwriting (as T5X).
@@ -236,7 +306,7 @@ def temperature_sample(
     state, generated, max_len_b = carry
     if state_callback_fn is not None:
       state = state_callback_fn(state)
-    if static_greedy:
+    if known_greedy:
       step_rng = next_rng = state.rng
     else:
       step_rng, next_rng = jax.random.split(state.rng)
@@ -248,7 +318,7 @@ def temperature_sample(
       logits = logits[:, 0]
     if logit_callback_fn is not None:
       logits = logit_callback_fn(logits, state)
-    if static_greedy:  # argmax needs no normalisation and no random numbers
+    if known_greedy:  # argmax needs no normalisation and no random numbers
       sampled_b = sampling.argmax(logits)
       logp_bv = None
     else:
@@ -263,7 +333,7 @@ def temperature_sample(
     token_b = jnp.where(state.ended, 0, token_b)
     counts_b = ~is_forced_b & ~state.ended
     log_prob_b = state.log_prob
-    if not (static_greedy and rescale_log_probs):  # an argmax one-hot scores 0
+    if not (known_greedy and rescale_log_probs):  # an argmax one-hot scores 0
       score_logp_bv = (logp_bv if rescale_log_probs
                        else jax.nn.log_softmax(logits.astype(jnp.float32)))
       log_prob_b = log_prob_b + jnp.where(
@@ -320,13 +390,16 @@ def temperature_sample(
 
 @flax.struct.dataclass
 class SpeculativeLoopState:
-  """State of `speculative_sample`'s loop.
+  """State of `speculative_sample`'s loop: every per-row array of a decode.
 
   Attributes:
     cur_index: [B] position of each row's last committed token; the target has
       consumed every position before it, the drafter every position before
       it-1, and position it-1 too unless `draft_lag`.
     sequences: [B, L+γ+2] committed tokens (position 0 = BOS), then prompt.
+    forced_bl: [B, L+γ+2] positions holding given prompt tokens (never
+      sampled).
+    max_len_b: [B] the last position each row may fill.
     target_cache, draft_cache: the two models' caches.
     draft_lag: [B] the last round kept every real draft, so the drafter has
       not consumed position cur_index-1 (the last kept draft) yet.
@@ -338,6 +411,8 @@ class SpeculativeLoopState:
   """
   cur_index: jax.Array
   sequences: jax.Array
+  forced_bl: jax.Array
+  max_len_b: jax.Array
   target_cache: PyTree
   draft_cache: PyTree
   draft_lag: jax.Array
@@ -348,39 +423,53 @@ class SpeculativeLoopState:
   stats: Mapping[str, jax.Array]
 
 
+def row_axes(state: SpeculativeLoopState, cache_offset: int = 0,
+             draft_cache_offset: int = 0) -> SpeculativeLoopState:
+  """The row axis of every leaf of `state` (`batch_shrink`'s `axes`): 0, the
+  caches' batch axes, and `batch_shrink.SHARED` for the PRNG key."""
+  return state.replace(
+      cur_index=0, sequences=0, forced_bl=0, max_len_b=0,
+      target_cache=batch_shrink.same_axis(state.target_cache, cache_offset),
+      draft_cache=batch_shrink.same_axis(state.draft_cache, draft_cache_offset), draft_lag=0,
+      ended=0, generated=0, rng=batch_shrink.SHARED, log_prob=0,
+      stats=batch_shrink.same_axis(state.stats, 0))
+
+
 @dataclasses.dataclass(frozen=True)
 class LoopSpec:
-  """What the phases need besides the loop state (fixed for one decode).
+  """The static settings of one speculative decode (no per-row arrays).
 
   Attributes:
     gamma: drafts per round (γ).
     eos_id: end-of-sequence id.
     tokens_to_logits, draft_tokens_to_logits: the two models.
-    forced_bl: [B, L+γ+2] positions holding given prompt tokens.
-    max_len_b: [B] the last position each row may fill.
     temperature, topk, topp: the sampling settings of both p and q.
-    fast_greedy: argmax decoding known at trace time with lenience 1: drafts
-      and verdicts by argmax, no normalisation, no random numbers, no q.
     lenience: 1 is exact; < 1 is Appendix A.5's approximate variant.
     rescale_log_probs: score tokens under adjusted p (True) or softmax.
     draft_confidence: adaptive drafting; a row stops drafting in a round once
       the drafter's probability of its drawn token is below this (0 = off).
     return_stats: count the per-row statistics.
+    fast_greedy (derived, not an argument): argmax decoding known at trace
+      time (`sampling.static_greedy`) with lenience 1: drafts and verdicts by
+      argmax, no normalisation, no random numbers, no q.
   """
   gamma: int
   eos_id: int
   tokens_to_logits: TokensToLogits
   draft_tokens_to_logits: TokensToLogits
-  forced_bl: jax.Array
-  max_len_b: jax.Array
   temperature: Any = 1.0
   topk: int = 0
   topp: Any = 0.0
-  fast_greedy: bool = False
   lenience: float = 1.0
   rescale_log_probs: bool = True
   draft_confidence: float = 0.0
   return_stats: bool = False
+  fast_greedy: bool = dataclasses.field(init=False)
+
+  def __post_init__(self):
+    # Frozen: the derived field is set once, here.
+    object.__setattr__(self, 'fast_greedy',
+                       sampling.static_greedy(self.temperature) and self.lenience == 1.0)
 
   def adjust(self, logits_xv: jax.Array) -> jax.Array:
     return sampling.adjusted_log_probs(logits_xv, self.temperature, self.topk,
@@ -403,6 +492,27 @@ class Drafts(NamedTuple):
   logq_bgv: Optional[jax.Array]
   num_drafted_b: jax.Array
   cache: PyTree
+
+
+class DraftCarry(NamedTuple):
+  """The carry of `draft_phase`'s loop over draft positions.
+
+  Attributes:
+    j: the draft position to fill next (0-based, < γ).
+    token_b: [B] the last draft, fed to the drafter next.
+    cache: the drafter's cache.
+    tokens_bg: [B, γ] the drafts so far.
+    logq_bgv: [B, γ, V] their adjusted log q; None on the static greedy path.
+    drafting_b: [B] rows still drafting (adaptive drafting stops them).
+    num_drafted_b: [B] drafts made so far.
+  """
+  j: jax.Array
+  token_b: jax.Array
+  cache: PyTree
+  tokens_bg: jax.Array
+  logq_bgv: Optional[jax.Array]
+  drafting_b: jax.Array
+  num_drafted_b: jax.Array
 
 
 def _rows_at(x_bl: jax.Array, pos_b: jax.Array) -> jax.Array:
@@ -455,7 +565,7 @@ def _pick_draft(spec: LoopSpec, state: SpeculativeLoopState, j, logits_bv, rng):
     token_b = sampling.sample(rng, logq_bv)
     confidence_b = (jnp.exp(sampling.token_log_prob(logq_bv, token_b))
                     if spec.draft_confidence > 0 else None)
-  forced_b = _rows_at(spec.forced_bl, pos_b)
+  forced_b = _rows_at(state.forced_bl, pos_b)
   token_b = jnp.where(forced_b, _rows_at(state.sequences, pos_b), token_b)
   if confidence_b is not None:
     confidence_b = jnp.where(forced_b, 1.0, confidence_b)
@@ -485,30 +595,33 @@ def draft_phase(spec: LoopSpec, state: SpeculativeLoopState,
   if gamma == 1:
     return Drafts(tokens_bg, logq_bgv, num_drafted_b, cache)
 
-  def cond(carry):
-    j, _, _, _, _, drafting_b, _ = carry
-    return (j < gamma) & jnp.any(drafting_b) if adaptive else j < gamma
+  def cond(carry: DraftCarry):
+    more = carry.j < gamma
+    return more & jnp.any(carry.drafting_b) if adaptive else more
 
-  def body(carry):
-    j, token_b, cache, tokens_bg, logq_bgv, drafting_b, num_drafted_b = carry
+  def body(carry: DraftCarry) -> DraftCarry:
+    j = carry.j
     logits_b1v, new_cache = spec.draft_tokens_to_logits(DecodingState(
         cur_index=state.cur_index + j, sequences=state.sequences,
-        cur_token=token_b[:, None], cache=cache))
-    new_cache = _freeze_like(new_cache, cache)
+        cur_token=carry.token_b[:, None], cache=carry.cache))
+    new_cache = _freeze_like(new_cache, carry.cache)
     rng_j = None if rngs_g is None else rngs_g[j]
     token_b, logq_bv, confidence_b = _pick_draft(spec, state, j, logits_b1v[:, 0], rng_j)
-    tokens_bg = lax.dynamic_update_slice(tokens_bg, token_b[:, None], (0, j))
+    logq_bgv = carry.logq_bgv
     if logq_bgv is not None:
       logq_bgv = lax.dynamic_update_slice(logq_bgv, logq_bv[:, None], (0, j, 0))
-    num_drafted_b = num_drafted_b + drafting_b
-    if adaptive:
-      drafting_b = drafting_b & (confidence_b >= spec.draft_confidence)
-    return j + 1, token_b, new_cache, tokens_bg, logq_bgv, drafting_b, num_drafted_b
+    drafting_b = carry.drafting_b
+    return DraftCarry(
+        j=j + 1, token_b=token_b, cache=new_cache,
+        tokens_bg=lax.dynamic_update_slice(carry.tokens_bg, token_b[:, None], (0, j)),
+        logq_bgv=logq_bgv,
+        drafting_b=(drafting_b & (confidence_b >= spec.draft_confidence)) if adaptive else drafting_b,
+        num_drafted_b=carry.num_drafted_b + drafting_b)
 
-  carry = (jnp.ones((), jnp.int32), token_b, cache, tokens_bg, logq_bgv, drafting_b,
-           num_drafted_b)
-  _, _, cache, tokens_bg, logq_bgv, _, num_drafted_b = lax.while_loop(cond, body, carry)
-  return Drafts(tokens_bg, logq_bgv, num_drafted_b, cache)
+  final = lax.while_loop(cond, body, DraftCarry(
+      j=jnp.ones((), jnp.int32), token_b=token_b, cache=cache, tokens_bg=tokens_bg,
+      logq_bgv=logq_bgv, drafting_b=drafting_b, num_drafted_b=num_drafted_b))
+  return Drafts(final.tokens_bg, final.logq_bgv, final.num_drafted_b, final.cache)
 
 
 def verify_phase(spec: LoopSpec, state: SpeculativeLoopState,
@@ -545,7 +658,7 @@ def accept_phase(spec: LoopSpec, state: SpeculativeLoopState, drafts: Drafts,
   log p is None on the static greedy path (argmax needs no normalisation).
   """
   pos_bk = state.cur_index[:, None] + 1 + jnp.arange(spec.gamma + 1)
-  forced_bg = jnp.take_along_axis(spec.forced_bl, pos_bk[:, :spec.gamma], axis=1)
+  forced_bg = jnp.take_along_axis(state.forced_bl, pos_bk[:, :spec.gamma], axis=1)
   if spec.fast_greedy:
     return sampling.verify_greedy(drafts.tokens_bg, logits_bkv, forced_bg,
                                   num_drafted_b=drafts.num_drafted_b), None
@@ -571,7 +684,7 @@ def commit_phase(spec: LoopSpec, state: SpeculativeLoopState, drafts: Drafts,
   steps_g1 = jnp.arange(gamma + 1)
   pos_bk = i_b[:, None] + 1 + steps_g1  # positions of the γ+1 candidates
   row_ids = jnp.arange(i_b.shape[0])[:, None]
-  forced_bk = spec.forced_bl[row_ids, pos_bk]
+  forced_bk = state.forced_bl[row_ids, pos_bk]
   old_bk = state.sequences[row_ids, pos_bk]
   # Candidates: the n kept drafts, then the residual/bonus token (or the
   # given prompt token there).
@@ -580,7 +693,7 @@ def commit_phase(spec: LoopSpec, state: SpeculativeLoopState, drafts: Drafts,
                       jnp.pad(drafts.tokens_bg, ((0, 0), (0, 1))), next_b[:, None])
   active_b = ~state.ended
   sampled_bk = ~forced_bk
-  in_limit_bk = pos_bk <= spec.max_len_b[:, None]
+  in_limit_bk = pos_bk <= state.max_len_b[:, None]
   in_budget_bk = (steps_g1 <= n_b[:, None]) & in_limit_bk
   is_eos_bk = in_budget_bk & sampled_bk & (cand_bk == spec.eos_id)
   # Keep candidates up to and including the first generated EOS.
@@ -598,11 +711,11 @@ def commit_phase(spec: LoopSpec, state: SpeculativeLoopState, drafts: Drafts,
         write_bk & sampled_bk, sampling.token_log_prob(score_logp_bkv, cand_bk), 0.0), axis=1)
 
   hit_eos_b = jnp.any(is_eos_bk & write_bk, axis=1)
-  new_i_b = jnp.where(active_b, jnp.minimum(i_b + n_b + 1, spec.max_len_b), i_b)
-  ended = state.ended | hit_eos_b | (new_i_b >= spec.max_len_b)
+  new_i_b = jnp.where(active_b, jnp.minimum(i_b + n_b + 1, state.max_len_b), i_b)
+  ended = state.ended | hit_eos_b | (new_i_b >= state.max_len_b)
   stats = (_count_stats(spec, state, drafts, verdict, sampled_bk, in_limit_bk,
                         before_eos_bk, write_bk) if spec.return_stats else state.stats)
-  return SpeculativeLoopState(
+  return state.replace(
       cur_index=new_i_b, sequences=sequences, target_cache=target_cache,
       draft_cache=drafts.cache, draft_lag=n_b >= drafts.num_drafted_b, ended=ended,
       generated=generated, rng=rng, log_prob=log_prob, stats=stats)
@@ -690,6 +803,36 @@ def _logits_shape(tokens_to_logits, cache, sequences_shape, k, name):
   return logits.shape
 
 
+def _check_models(inputs: jax.Array, gamma: int, cache, cache_offset: int, tokens_to_logits,
+                  draft_cache, draft_cache_offset: int, draft_tokens_to_logits) -> None:
+  """Raises ValueError when the two models cannot run the loop on `inputs`.
+
+  Both caches must hold every decode position, both models must follow the
+  multi-token contract and share one vocabulary, and concrete prompt ids
+  must lie in it (traced ones cannot be checked here).
+  """
+  batch_size, length = inputs.shape
+  _check_cache_length(cache, length, cache_offset, 'cache')
+  _check_cache_length(draft_cache, length, draft_cache_offset, 'draft_cache')
+  buffer_len = length + gamma + 2
+  target_shape = _logits_shape(tokens_to_logits, cache,
+                               (batch_size, buffer_len), gamma + 1,
+                               'tokens_to_logits')
+  draft_shape = _logits_shape(draft_tokens_to_logits, draft_cache,
+                              (batch_size, buffer_len), 2,
+                              'draft_tokens_to_logits')
+  if target_shape[-1] != draft_shape[-1]:
+    raise ValueError(
+        f'Vocabulary mismatch: the target gives {target_shape[-1]} logits per '
+        f'token, the drafter (draft_tokens_to_logits) {draft_shape[-1]}. '
+        'Speculative decoding needs one shared vocabulary.')
+  if not isinstance(inputs, jax.core.Tracer) and getattr(inputs, 'is_fully_addressable', True):
+    concrete = np.asarray(inputs)
+    if concrete.min() < 0 or concrete.max() >= target_shape[-1]:
+      raise ValueError(f'inputs holds ids outside [0, {target_shape[-1]}) (the '
+                       "target's vocabulary).")
+
+
 def _zero_stats(rows: int, gamma: int) -> Dict[str, jax.Array]:
   zeros_b = jnp.zeros((rows,), jnp.int32)
   return dict(target_calls=zeros_b, drafted=zeros_b, judged=zeros_b, accepted=zeros_b,
@@ -698,6 +841,37 @@ def _zero_stats(rows: int, gamma: int) -> Dict[str, jax.Array]:
               emitted=zeros_b)
 
 
+def _initial_state(spec: LoopSpec, inputs: jax.Array, max_decode_steps, target_cache: PyTree,
+                   draft_cache: PyTree, rng: jax.Array) -> SpeculativeLoopState:
+  """The loop's state before its first round, for int32 prompts `inputs` [B, L]."""
+  rows = inputs.shape[0]
+  sequences0 = jnp.pad(inputs, ((0, 0), (0, spec.gamma + 2))).at[:, 0].set(0)
+  max_len_b = _max_decode_len(inputs, max_decode_steps)
+  return SpeculativeLoopState(
+      cur_index=jnp.zeros((rows,), jnp.int32), sequences=sequences0,
+      # Prompt tokens (non-zero inputs past BOS) are given, never sampled.
+      forced_bl=(sequences0 != 0).at[:, 0].set(False), max_len_b=max_len_b,
+      target_cache=target_cache, draft_cache=draft_cache, draft_lag=jnp.zeros((rows,), bool),
+      ended=max_len_b <= 0, generated=jnp.zeros_like(sequences0, dtype=bool),
+      rng=rng, log_prob=jnp.zeros((rows,), jnp.float32),
+      stats=_zero_stats(rows, spec.gamma) if spec.return_stats else {})
+
+
+class SpeculativeOutput(NamedTuple):
+  """What `speculative_sample` returns, rows sorted by log_prob ascending (best last).
+
+  Attributes:
+    decodes: [B, nd, L] the decodes.
+    log_prob: [B, nd] their log-probabilities.
+    stats: per-row statistics, {name: [B, nd, ...]} (see `speculative_sample`)
+      when `return_stats=True`, else None.
+  """
+  decodes: jax.Array
+  log_prob: jax.Array
+  stats: Optional[Dict[str, jax.Array]]
+
+
+@declare_kind(SPECULATIVE)
 def speculative_sample(
     inputs: jax.Array,
     cache: Mapping[str, jax.Array],
@@ -720,7 +894,7 @@ def speculative_sample(
     draft_confidence: float = 0.0,
     return_stats: bool = False,
     shrink_batch: bool = True,
-):
+) -> SpeculativeOutput:
   """Speculative sampling: the target's output distribution, fewer target calls.
 
   Each loop iteration drafts γ tokens with the drafter, scores all γ+1
@@ -751,8 +925,9 @@ def speculative_sample(
       random draws).
 
   Returns:
-    (decodes [B, nd, L], log_prob [B, nd]) sorted by log_prob ascending; with
-    `return_stats=True` also a dict of [B, nd] arrays (same order):
+    A `SpeculativeOutput` (decodes [B, nd, L], log_prob [B, nd], stats),
+    rows sorted by log_prob ascending. `stats` is None unless
+    `return_stats=True`; then a dict of [B, nd] arrays (same order):
     `target_calls` (iterations the row took part in), `drafted` (real drafts
     within the row's length budget), `judged` (drafts actually compared: up
     to and including the first rejection), `accepted`, `accepted_at`
@@ -760,86 +935,37 @@ def speculative_sample(
     `overlap_count` (Σ over verified positions of Σ_x min(p, q), the paper's
     α estimator), `emitted` (tokens produced).
   """
-  if isinstance(gamma, bool) or not isinstance(gamma, (int, np.integer)) or gamma < 1:
-    raise ValueError(f'gamma must be an int >= 1, got {gamma!r}.')
-  if (isinstance(draft_confidence, bool) or not isinstance(draft_confidence, (int, float))
-      or not 0.0 <= draft_confidence < 1.0):
-    raise ValueError(f'draft_confidence must be a float in [0, 1), got {draft_confidence!r}.')
-  _validate_common(inputs, eos_id, num_decodes, temperature, topk, topp,
-                   max_decode_steps, lenience)
+  validate_decode_args(inputs, eos_id, num_decodes, temperature, topk, topp,
+                       max_decode_steps, lenience, gamma=gamma,
+                       draft_confidence=draft_confidence)
   if draft_cache_offset is None:
     draft_cache_offset = cache_offset
   if decode_rng is None:
     decode_rng = jax.random.PRNGKey(0)
   if (max_decode_steps_hard_limit and max_decode_steps is not None):
     max_decode_steps = jnp.minimum(max_decode_steps, max_decode_steps_hard_limit)
+  _check_models(inputs, gamma, cache, cache_offset, tokens_to_logits, draft_cache,
+                draft_cache_offset, draft_tokens_to_logits)
 
   batch_size, length = inputs.shape
-  _check_cache_length(cache, length, cache_offset, 'cache')
-  _check_cache_length(draft_cache, length, draft_cache_offset, 'draft_cache')
-  buffer_len = length + gamma + 2
-  target_shape = _logits_shape(tokens_to_logits, cache,
-                               (batch_size, buffer_len), gamma + 1,
-                               'tokens_to_logits')
-  draft_shape = _logits_shape(draft_tokens_to_logits, draft_cache,
-                              (batch_size, buffer_len), 2,
-                              'draft_tokens_to_logits')
-  if target_shape[-1] != draft_shape[-1]:
-    raise ValueError(
-        f'Vocabulary mismatch: the target gives {target_shape[-1]} logits per '
-        f'token, the drafter (draft_tokens_to_logits) {draft_shape[-1]}. '
-        'Speculative decoding needs one shared vocabulary.')
-  # Concrete prompts are checked here; traced ones cannot be (see the docstring).
-  if not isinstance(inputs, jax.core.Tracer) and getattr(inputs, 'is_fully_addressable', True):
-    concrete = np.asarray(inputs)
-    if concrete.min() < 0 or concrete.max() >= target_shape[-1]:
-      raise ValueError(f'inputs holds ids outside [0, {target_shape[-1]}) (the '
-                       "target's vocabulary).")
-
-  inputs = _expand(inputs, num_decodes).astype(jnp.int32)
-  cache = expand_cache(cache, num_decodes, cache_offset)
-  draft_cache = expand_cache(draft_cache, num_decodes, draft_cache_offset)
-  rows = inputs.shape[0]
-  sequences0 = jnp.pad(inputs, ((0, 0), (0, gamma + 2))).at[:, 0].set(0)
   spec = LoopSpec(
       gamma=int(gamma), eos_id=int(eos_id), tokens_to_logits=tokens_to_logits,
-      draft_tokens_to_logits=draft_tokens_to_logits,
-      # Prompt tokens (non-zero inputs past BOS) are given, never sampled.
-      forced_bl=(sequences0 != 0).at[:, 0].set(False),
-      max_len_b=_max_decode_len(inputs, max_decode_steps),
-      temperature=temperature, topk=topk, topp=topp,
-      fast_greedy=sampling.static_greedy(temperature) is True and lenience == 1.0,
-      lenience=lenience, rescale_log_probs=rescale_log_probs,
+      draft_tokens_to_logits=draft_tokens_to_logits, temperature=temperature, topk=topk,
+      topp=topp, lenience=lenience, rescale_log_probs=rescale_log_probs,
       draft_confidence=float(draft_confidence), return_stats=return_stats)
-  state0 = SpeculativeLoopState(
-      cur_index=jnp.zeros((rows,), jnp.int32), sequences=sequences0, target_cache=cache,
-      draft_cache=draft_cache, draft_lag=jnp.zeros((rows,), bool),
-      ended=spec.max_len_b <= 0, generated=jnp.zeros_like(sequences0, dtype=bool),
-      rng=decode_rng, log_prob=jnp.zeros((rows,), jnp.float32),
-      stats=_zero_stats(rows, gamma) if return_stats else {})
+  state0 = _initial_state(
+      spec, _expand(inputs, num_decodes).astype(jnp.int32), max_decode_steps,
+      expand_cache(cache, num_decodes, cache_offset),
+      expand_cache(draft_cache, num_decodes, draft_cache_offset), decode_rng)
+  step = functools.partial(speculative_step, spec)
   outputs_fn = lambda s: (s.sequences, s.generated, s.log_prob, s.stats)
   if shrink_batch:
-    # The per-row parts of the spec travel with the rows.
-    def step(carry):
-      state, forced_bl, max_len_b = carry
-      row_spec = dataclasses.replace(spec, forced_bl=forced_bl, max_len_b=max_len_b)
-      return speculative_step(row_spec, state), forced_bl, max_len_b
-
-    axes = (state0.replace(
-        cur_index=0, sequences=0, target_cache=batch_shrink.same_axis(cache, cache_offset),
-        draft_cache=batch_shrink.same_axis(draft_cache, draft_cache_offset), draft_lag=0,
-        ended=0, generated=0, rng=batch_shrink.SHARED, log_prob=0,
-        stats=batch_shrink.same_axis(state0.stats, 0)),
-            0, 0)
     sequences, generated, log_prob, stats = batch_shrink.shrinking_while_loop(
-        step, (state0, spec.forced_bl, spec.max_len_b), axes,
-        lambda carry: carry[0].ended, lambda carry: outputs_fn(carry[0]))
+        step, state0, row_axes(state0, cache_offset, draft_cache_offset),
+        lambda s: s.ended, outputs_fn)
   else:
-    sequences, generated, log_prob, stats = outputs_fn(lax.while_loop(
-        lambda s: ~jnp.all(s.ended), functools.partial(speculative_step, spec), state0))
+    sequences, generated, log_prob, stats = outputs_fn(
+        lax.while_loop(lambda s: ~jnp.all(s.ended), step, state0))
   decodes = _zero_after_eos(sequences, generated, eos_id)[:, 1:length + 1]
-  decodes, log_prob, stats = _sort_by_log_prob(
-      batch_size, num_decodes, decodes, log_prob, stats if return_stats else None)
-  if return_stats:
-    return decodes, log_prob, stats
-  return decodes, log_prob
+  return SpeculativeOutput(*_sort_by_log_prob(
+      batch_size, num_decodes, decodes, log_prob, stats if return_stats else None))

@@ -18,8 +18,8 @@ import time
 import jax
 import numpy as np
 
-from specdec import checkpoints
 from specdec import decoding
+from specdec import fileio
 from specdec import models
 from specdec import network
 
@@ -135,7 +135,7 @@ def main(argv=None):
              args.repeats, args.seed)
   _print_table(rows)
   if args.json:
-    checkpoints.atomic_write(
+    fileio.atomic_write(
         args.json, json.dumps({'args': vars(args), 'rows': rows}, indent=2).encode())
   if not all(r.get('identical_outputs', True) for r in rows):
     raise SystemExit('Greedy speculative outputs differ from the baseline.')

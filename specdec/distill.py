@@ -42,6 +42,7 @@ DIVERGENCES: Dict[str, Callable[[Array, Array], Array]] = {
 
 
 def get_divergence(name: str) -> Callable[[Array, Array], Array]:
+  """The divergence called `name` in DIVERGENCES; ValueError naming the known ones otherwise."""
   if name not in DIVERGENCES:
     raise ValueError(f'divergence must be one of {sorted(DIVERGENCES)}, got {name!r}.')
   return DIVERGENCES[name]

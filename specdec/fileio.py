@@ -22,16 +22,22 @@ Object stores are not disks, and callers must know where they differ:
   subdirectory names.
 gfile's errors are raised as the builtin ones (FileNotFoundError,
 FileExistsError, PermissionError), as for local paths.
+
+Besides the path helpers: content hashes (`sha256_hex`), hash-checked reads
+(`read_verified`), and JSON / JSON Lines files read and written whole. This
+module imports nothing from specdec, so every other module may use it.
 """
 
 import builtins
 import contextlib
+import hashlib
+import json
 import os
 import posixpath
 import re
 import tempfile
 import uuid
-from typing import List, Union
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Union
 
 PathLike = Union[str, os.PathLike]
 
@@ -222,10 +228,10 @@ def append_text(path: PathLike, text: str) -> None:
 def atomic_write(path: PathLike, data: bytes) -> None:
   """Writes `data` to `path` so that readers see the old or the new contents, never part.
 
-  Local: a temp file in the same directory (readable by all), then
-  os.replace. URL: a temporary object beside it, renamed over it (see the
-  module docstring; a kill can leave the '.tmp-' object behind). The parent
-  directory is made if missing.
+  Local: a temp file in the same directory (readable by all), synced to
+  disk, then os.replace (a failed write removes it). URL: a temporary
+  object beside it, renamed over it (see the module docstring; a kill can
+  leave the '.tmp-' object behind). The parent directory is made if missing.
   """
   path = os.fspath(path)
   if is_url(path):
@@ -242,10 +248,151 @@ def atomic_write(path: PathLike, data: bytes) -> None:
     return
   directory = os.path.dirname(os.path.abspath(path))
   os.makedirs(directory, exist_ok=True)
-  with tempfile.NamedTemporaryFile('wb', dir=directory, delete=False) as f:
-    f.write(data)
-  os.chmod(f.name, 0o644)  # tempfile makes files private
-  os.replace(f.name, path)
+  fd, tmp = tempfile.mkstemp(dir=directory, prefix=f'.{os.path.basename(path)}.',
+                             suffix='.tmp')
+  try:
+    with os.fdopen(fd, 'wb') as f:
+      f.write(data)
+      f.flush()
+      os.fsync(f.fileno())  # on disk before the rename makes it visible
+    os.chmod(tmp, 0o644)  # mkstemp makes files private
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.unlink(tmp)
+    raise
+
+
+# -----------------------------------------------------------------------------
+# Hashes and hash-checked reads.
+# -----------------------------------------------------------------------------
+
+
+def sha256_hex(data: bytes) -> str:
+  """The sha256 of `data` as 64 hex digits."""
+  return hashlib.sha256(data).hexdigest()
+
+
+def file_sha256(path: PathLike) -> str:
+  """The sha256 of a file's bytes as 64 hex digits, read in 1 MiB blocks (large files fit)."""
+  digest = hashlib.sha256()
+  with open(path, 'rb') as f:
+    for block in iter(lambda: f.read(1 << 20), b''):
+      digest.update(block)
+  return digest.hexdigest()
+
+
+# The field of a JSON metadata object (a model directory's config.json) that
+# records {file name: sha256 hex of its bytes}.
+FILES_FIELD = 'files'
+
+
+def recorded_sha256(meta: Mapping[str, Any], name: str) -> Optional[str]:
+  """The sha256 that `meta` records for the file `name`; None if none is recorded."""
+  return (meta.get(FILES_FIELD) or {}).get(name)
+
+
+def read_verified(path: PathLike, sha256: Optional[str], recorded_in: str) -> bytes:
+  """The bytes of `path`, checked against `sha256` (hex) that `recorded_in` records.
+
+  `sha256` None (a file written before hashes were recorded) reads it
+  unchecked. FileNotFoundError if there is no file; ValueError naming the
+  file if its bytes hash to something else (damaged, truncated or modified).
+  """
+  path = os.fspath(path)
+  if not exists(path):
+    raise FileNotFoundError(f'No {basename(path)} at {path}.')
+  with open(path, 'rb') as f:
+    data = f.read()
+  if sha256 is not None and sha256_hex(data) != sha256:
+    raise ValueError(
+        f'{path}: damaged, truncated or modified file (sha256 '
+        f'{sha256_hex(data)[:16]}..., {recorded_in} records {sha256[:16]}...).')
+  return data
+
+
+# -----------------------------------------------------------------------------
+# JSON and JSON Lines files.
+# -----------------------------------------------------------------------------
+
+
+def read_json_object(path: PathLike, kind: str = 'JSON file') -> Dict[str, Any]:
+  """The JSON object in `path` (UTF-8).
+
+  FileNotFoundError if there is no file; ValueError naming the file (as a
+  `kind`) if it is not UTF-8, not JSON, or holds something else than an object.
+  """
+  path = os.fspath(path)
+  if not exists(path):
+    raise FileNotFoundError(f'No {kind} at {path}.')
+  try:
+    with open(path, 'rb') as f:
+      value = json.loads(f.read().decode('utf-8'))
+  except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise ValueError(f'{path}: damaged or incomplete {kind} ({e}).') from e
+  if not isinstance(value, dict):
+    raise ValueError(f'{path}: damaged {kind} (a JSON {type(value).__name__}, '
+                     'expected an object).')
+  return value
+
+
+def write_json(path: PathLike, value: Any, indent: int = 2, sort_keys: bool = True) -> None:
+  """Writes `value` as JSON (ASCII, `indent`, keys sorted unless told), atomically."""
+  atomic_write(path, json.dumps(value, indent=indent, sort_keys=sort_keys).encode())
+
+
+def jsonl_bytes(rows: Iterable[Mapping[str, Any]]) -> bytes:
+  """JSON Lines: one object per line, UTF-8 (non-ASCII kept as it is), each line ending in a newline."""
+  return b''.join(
+      (json.dumps(row, ensure_ascii=False, separators=(', ', ': ')) + '\n').encode('utf-8')
+      for row in rows)
+
+
+def write_jsonl(path: PathLike, rows: Iterable[Mapping[str, Any]]) -> str:
+  """Writes `rows` as JSON Lines (`jsonl_bytes`), atomically; returns the file's sha256 hex."""
+  data = jsonl_bytes(rows)
+  atomic_write(path, data)
+  return sha256_hex(data)
+
+
+def iter_jsonl_rows(lines: Iterable[bytes], where: str) -> Iterator[Dict[str, Any]]:
+  """The JSON objects of JSON Lines given as raw byte lines; blank lines skipped.
+
+  A line that is not UTF-8, not JSON or not an object raises ValueError
+  naming `where` and the 1-based line number.
+  """
+  for line_no, line in enumerate(lines, start=1):
+    if not line.strip():
+      continue
+    try:
+      row = json.loads(line.decode('utf-8'))
+    except UnicodeDecodeError as e:
+      raise ValueError(f'{where}:{line_no}: not UTF-8 ({e.reason} at byte '
+                       f'{e.start} of the line): the file is damaged or was '
+                       'not written as JSON Lines') from None
+    except json.JSONDecodeError as e:
+      raise ValueError(f'{where}:{line_no}: not valid JSON ({e})') from None
+    if not isinstance(row, dict):
+      raise ValueError(f'{where}:{line_no}: a JSON {type(row).__name__}, '
+                       'expected an object (one row per line)')
+    yield row
+
+
+def count_jsonl_rows(lines: Iterable[bytes], where: str) -> int:
+  """Checks every line (see `iter_jsonl_rows`); returns the number of rows."""
+  return sum(1 for _ in iter_jsonl_rows(lines, where))
+
+
+def read_jsonl(path: PathLike) -> List[Dict[str, Any]]:
+  """The rows of a JSON Lines file (`iter_jsonl_rows`: every line checked).
+
+  FileNotFoundError if there is no file.
+  """
+  path = os.fspath(path)
+  if not exists(path):
+    raise FileNotFoundError(f'No JSON Lines file at {path}.')
+  with open(path, 'rb') as f:
+    return list(iter_jsonl_rows(f.read().split(b'\n'), path))
 
 
 # -----------------------------------------------------------------------------

@@ -13,21 +13,20 @@ more examples than asked for, and its summary would mix them in). Outputs writte
 are refused too: nothing says what made them.
 """
 
-import hashlib
 import json
 import os
 import re
 import shutil
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from specdec import checkpoints
+from specdec import fileio
 
 FILE_NAME = 'fingerprint.json'
 # The files that hold a checkpoint's content in the project's compact format and the n-gram drafters.
 CHECKPOINT_FILES = ('params.msgpack', 'counts.npz', 'config.json')
 # The one field that may differ on resume, upwards only (None: the whole split).
 GROWABLE = 'max_examples'
-MAIN_REMEDY = "use a new OUTPUT_DIR, or --gin.main.run.overwrite=True to discard them and start afresh"
+MAIN_REMEDY = "use a new OUTPUT_DIR, or --gin.run_config.RunConfig.overwrite=True to discard them and start afresh"
 
 
 class ResumeRefused(ValueError):
@@ -43,11 +42,7 @@ def file_sha256(path: str) -> str:
   stat = os.stat(path)
   key = (os.path.realpath(path), stat.st_mtime_ns, stat.st_size)
   if key not in _SHA256_CACHE:
-    digest = hashlib.sha256()
-    with open(path, 'rb') as f:
-      for block in iter(lambda: f.read(1 << 20), b''):
-        digest.update(block)
-    _SHA256_CACHE[key] = digest.hexdigest()
+    _SHA256_CACHE[key] = fileio.file_sha256(path)
   return _SHA256_CACHE[key]
 
 
@@ -85,7 +80,7 @@ def short_digest(value: Any) -> Optional[str]:
 
 
 def _text_sha256(text: str) -> str:
-  return hashlib.sha256(text.encode()).hexdigest()
+  return fileio.sha256_hex(text.encode())
 
 
 def normalised(fields: Mapping[str, Any]) -> Dict[str, Any]:
@@ -182,5 +177,5 @@ def prepare(output_dir: str, expected: Mapping[str, Any], owned: Sequence[str], 
     raise ResumeRefused(reason)
   expected = normalised(expected)
   if read(output_dir) != expected:  # new, or max_examples grew
-    checkpoints.atomic_write(os.path.join(output_dir, FILE_NAME), json.dumps(expected, indent=2).encode())
+    fileio.write_json(os.path.join(output_dir, FILE_NAME), expected, sort_keys=False)
   return expected

@@ -2,7 +2,8 @@
 
 A command-line binding that would change nothing is an error, not a silent no-op: a macro no gin file references
 (`--gin.GAMA=3` for GAMMA), an unknown configurable or parameter. Each such error, and a macro left unset, is one
-line (`GinConfigError`) naming the binding and the closest known name.
+line (`GinConfigError`) naming the binding and the closest known name, or, for a renamed parameter, its new name.
+`macro_values` reads the macros gin files use, with their values (the launcher's --help).
 """
 
 import difflib
@@ -11,7 +12,7 @@ import inspect
 import os
 import re
 import tokenize
-from typing import Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
 import gin
 
@@ -171,11 +172,8 @@ def _finalize() -> None:
                          f'{_did_you_mean(name, _bound_macros())}.') from None
 
 
-def parse(files: Sequence[str], bindings: Sequence[str]) -> None:
-  """Parses gin files (looked up as given, then under the repo's gin/), then the command line's bindings.
-
-  Raises GinConfigError for a binding that cannot take effect or a macro left unset (see the module docstring).
-  """
+def _parse_files(files: Sequence[str]) -> None:
+  """Parses gin files (looked up as given, then under the repo's gin/); FileNotFoundError names a missing one."""
   _patch_gin_package_reader()
   gin.add_config_file_search_path(REPO_GIN_DIR)
   resolved = []
@@ -187,10 +185,38 @@ def parse(files: Sequence[str], bindings: Sequence[str]) -> None:
     else:
       raise FileNotFoundError(f'gin file not found: {f} (also looked in {REPO_GIN_DIR}).')
   gin.parse_config_files_and_bindings(resolved, [], finalize_config=False)
+
+
+def parse(files: Sequence[str], bindings: Sequence[str], renamed: Optional[Mapping[str, str]] = None) -> None:
+  """Parses gin files (looked up as given, then under the repo's gin/), then the command line's bindings.
+
+  Raises GinConfigError for a binding that cannot take effect or a macro left unset (see the module docstring),
+  and for a binding of a name in `renamed` ({former name: its name now}), naming the new one.
+  """
+  _parse_files(files)
   for binding in bindings:  # one at a time, so an error names its binding
+    name = _binding_name(binding)
+    if renamed and name in renamed:
+      raise GinConfigError(f"binding '{binding}': {name} is now {renamed[name]} "
+                           f'(--gin.{renamed[name]}={binding.partition("=")[2].strip()}).')
     try:
       gin.parse_config(binding)
     except (ValueError, SyntaxError, tokenize.TokenError) as e:
       raise GinConfigError(_explain_binding_error(binding, e)) from None
   _check_macros_used(bindings)
   _finalize()
+
+
+def macro_values(files: Sequence[str]) -> Dict[str, Any]:
+  """{macro: value} for the macros `files` use (what a command line may rebind); gin's config is cleared.
+
+  A macro the files use but leave unset (OUTPUT_DIR of most experiment files) has the value gin.REQUIRED.
+  """
+  gin.clear_config()
+  try:
+    _parse_files(files)
+    bound = _bound_macros()
+    return {name: (gin.query_parameter(f'%{name}') if name in bound else gin.REQUIRED)
+            for name in _referenced_macros()}
+  finally:
+    gin.clear_config()

@@ -38,7 +38,6 @@ from the (tied) `shared.weight`, which is what `transformers` does.
 """
 
 import contextlib
-import json
 import os
 from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
@@ -75,20 +74,7 @@ def read_hf_config(path: str) -> dict:
   file = os.path.join(path, CONFIG_FILE) if os.path.isdir(path) else path
   if not os.path.isfile(file):
     raise FileNotFoundError(f'No Hugging Face config at {file}.')
-  return read_json_object(file)
-
-
-def read_json_object(file: str, kind: str = 'JSON file') -> dict:
-  """A JSON object from `file`; ValueError naming the file (a `kind`) if damaged."""
-  try:
-    with fileio.open(file, 'rb') as f:  # local, or gs:// (a compact model's config.json)
-      value = json.loads(f.read().decode('utf-8'))
-  except (UnicodeDecodeError, json.JSONDecodeError) as e:
-    raise ValueError(f'{file}: damaged or incomplete {kind} ({e}).') from e
-  if not isinstance(value, dict):
-    raise ValueError(f'{file}: damaged {kind} (a JSON {type(value).__name__}, '
-                     'expected an object).')
-  return value
+  return fileio.read_json_object(file)
 
 
 @contextlib.contextmanager
@@ -248,7 +234,7 @@ def weight_files(directory: str) -> Dict[str, str]:
   index = os.path.join(directory, INDEX_FILE)
   single = os.path.join(directory, WEIGHTS_FILE)
   if os.path.isfile(index):
-    weight_map = read_json_object(index).get('weight_map')
+    weight_map = fileio.read_json_object(index).get('weight_map')
     if not isinstance(weight_map, dict):
       raise ValueError(f'{index} has no weight_map.')
     files = {name: os.path.join(directory, file)

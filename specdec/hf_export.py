@@ -27,7 +27,6 @@ Command line (any model directory `checkpoints.load_config_for` reads a config f
 """
 
 import argparse
-import json
 import os
 import sys
 from typing import Any, Dict, Optional, Sequence
@@ -39,8 +38,10 @@ import numpy as np
 import safetensors.numpy
 
 from specdec import checkpoints
+from specdec import fileio
 from specdec import hf_checkpoint
 from specdec import network
+from specdec import ngram
 
 PyTree = Any
 GENERATION_CONFIG_FILE = 'generation_config.json'
@@ -126,17 +127,14 @@ def save_hf(directory: str, config: network.T5Config, params: PyTree, dtype: str
   tensors = hf_tensors(config, params, dtype)
   data = safetensors.numpy.save(tensors, metadata={'format': 'pt'})  # 'pt': transformers refuses others
   os.makedirs(directory, exist_ok=True)
-  checkpoints.atomic_write(os.path.join(directory, hf_checkpoint.WEIGHTS_FILE), data)
-  checkpoints.atomic_write(os.path.join(directory, GENERATION_CONFIG_FILE),
-                           json.dumps(generation_config_dict(), indent=2).encode())
-  checkpoints.atomic_write(os.path.join(directory, hf_checkpoint.CONFIG_FILE),
-                           json.dumps(dict(hf_config, torch_dtype=dtype), indent=2, sort_keys=True).encode())
+  fileio.atomic_write(os.path.join(directory, hf_checkpoint.WEIGHTS_FILE), data)
+  fileio.write_json(os.path.join(directory, GENERATION_CONFIG_FILE), generation_config_dict(), sort_keys=False)
+  fileio.write_json(os.path.join(directory, hf_checkpoint.CONFIG_FILE), dict(hf_config, torch_dtype=dtype))
   return directory
 
 
 def load_for_export(model_dir: str):
   """(config, float32 params) of a model directory; clear errors for what cannot be exported."""
-  from specdec import ngram  # pylint: disable=g-import-not-at-top  (ngram imports checkpoints)
   if not os.path.isdir(model_dir):
     raise FileNotFoundError(f'No model directory at {model_dir}.')
   if ngram.is_ngram_dir(model_dir):

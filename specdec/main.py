@@ -3,13 +3,19 @@
   python -m specdec.main --gin_file=experiments/cpu/table2/ende_d1_t0.gin --gin.OUTPUT_DIR="'runs/x'"
   specdec --gin_file=... --gin.NAME=VALUE ...          (the same, as a console script)
   python -m specdec.main                               (the main job: gin/experiments/cpu/main_job.gin)
+  python -m specdec.main --help                        (modes, gin folders, the main job's macros)
 
 Flags follow T5X: `--gin_file=PATH` (repeatable; looked up as given, then under the repo's gin/), and
 `--gin.NAME=VALUE` bindings. `--multihost` initialises multi-host JAX first (`partitioning.initialize_multihost`,
-Cloud TPU pod slices). `main.run.num_partitions` shards params, caches and decoding over a (data, model) mesh.
-Everything the run writes goes under OUTPUT_DIR.
+Cloud TPU pod slices). `--debug` shows an error's traceback. Everything the run writes goes under OUTPUT_DIR.
 
-Modes of `run` (`main.run.mode`):
+`run` takes one `run_config.RunConfig`, built in gin (`main.run.config = @run_config.RunConfig()`): its mode,
+output directory, data (`run_config.DataConfig`: task, split, lengths, max_examples), models
+(`run_config.ModelsConfig`: checkpoints), decoding (`benchmark.Setting`: γ, temperature, batch size, ...) and,
+for tables, rows. `run_config.RunConfig.num_partitions` shards params, caches and decoding over a (data, model)
+mesh.
+
+Modes (`run_config.RunConfig.mode`):
 - 'infer': decode a task split, write predictions.jsonl (resumable) and decode statistics;
 - 'eval': 'infer' plus the task's seqio metrics (metrics.json);
 - 'benchmark': `specdec.benchmark.run` (baseline vs speculative in one run, see that module);
@@ -18,8 +24,12 @@ Modes of `run` (`main.run.mode`):
 A rerun into the same OUTPUT_DIR resumes, but only what the same configuration wrote: each output directory records
 a fingerprint (task, split, checkpoints and their contents, decoding settings, lengths, seed, batch size, kind of
 output; `specdec.fingerprint`) and a rerun that differs is refused with the differing fields named. max_examples
-may grow (the run is extended), not shrink. `--gin.main.run.overwrite=True` discards the old outputs instead.
-Errors in the command line's gin bindings and refused resumes end the command with one line.
+may grow (the run is extended), not shrink. A resumed benchmark keeps the cost measurements its first run stored.
+`--gin.run_config.RunConfig.overwrite=True` discards the old outputs instead.
+
+Every check that needs no model (gin bindings, gin files, settings, rows, that checkpoints, corpus and vocabulary
+exist, tasks, fingerprints) runs before anything is written. An error ends the command with one line on stderr and
+exit status 2 for what the user gave, 1 for anything else; `--debug` shows the traceback instead.
 """
 
 import contextlib
@@ -30,7 +40,7 @@ import os
 import sys
 import tempfile
 import time
-from typing import Any, Dict, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import gin
 import jax
@@ -89,15 +99,20 @@ from specdec import evaluation
 from specdec import fileio
 from specdec import fingerprint
 from specdec import gin_utils
+from specdec import loading
 from specdec import models
 from specdec import network
 from specdec import ngram
 from specdec import partitioning
+from specdec import reporting
+from specdec import run_config
+from specdec import sharded_decoding
 from specdec import tables
 from specdec import tasks
 
 DEFAULT_GIN_FILE = 'experiments/cpu/main_job.gin'
-MODES = ('infer', 'eval', 'benchmark', 'table')
+MODES = run_config.MODES
+Row = run_config.Row  # a table row; gin files give rows as dicts of its fields
 # Bump when a code change makes predictions.jsonl records written before it incomparable with new ones.
 PREDICTIONS_VERSION = 1
 # What each kind of run writes into OUTPUT_DIR (overwrite=True discards exactly these, and the fingerprint).
@@ -120,7 +135,7 @@ def load_network(checkpoint: str, config: Optional[network.T5Config] = None, dty
     raise FileNotFoundError(f'Checkpoint not found: {checkpoint}')
   if ngram.is_ngram_dir(checkpoint) or (fileio.isdir(checkpoint) and
                                         fileio.exists(fileio.join(checkpoint, 'params.msgpack'))):
-    return checkpoints.load_module_and_params(checkpoint)
+    return loading.load_module_and_params(checkpoint)
   if config is None:
     config = checkpoints.load_config_for(checkpoint)
   if config is None:
@@ -129,7 +144,7 @@ def load_network(checkpoint: str, config: Optional[network.T5Config] = None, dty
   module = network.Transformer(config)
   shardings = None
   if mesh is not None:
-    layout = partitioning.compile_predict_sharded(
+    layout = sharded_decoding.compile_predict_sharded(
         models.SpeculativeEncoderDecoderModel(module, None, decode_fn=decoding.temperature_sample), mesh)
     shardings = layout.param_shardings({'target': checkpoints.expected_params(config)})['target']
   params = checkpoints.restore_params(checkpoint, config, shardings=shardings, dtype=dtype)
@@ -189,17 +204,6 @@ def local_output_dir(output_dir: str):
       _copy_tree(local, output_dir)
 
 
-@dataclasses.dataclass(frozen=True)
-class Row:
-  """One benchmark row of a table: task, drafter checkpoint, temperature, γ (and adaptive drafting)."""
-  task: str
-  drafter: str
-  temperature: float
-  gamma: int
-  drafter_checkpoint: str = ''
-  draft_confidence: float = 0.0
-
-
 def _decode_split(model, params, task_name, split, lengths, setting, output_dir, max_examples, log_every=8,
                   mesh=None):
   """Decodes a split with `model`, appending predictions.jsonl as batches finish (resumable)."""
@@ -214,7 +218,7 @@ def _decode_split(model, params, task_name, split, lengths, setting, output_dir,
   if mesh is None:
     predict = model.compile_predict(decoder_params)
   else:
-    predict = partitioning.compile_predict_sharded(model, mesh, decoder_params=decoder_params)
+    predict = sharded_decoding.compile_predict_sharded(model, mesh, decoder_params=decoder_params)
     params = predict.shard_params(params)
   path = os.path.join(output_dir, 'predictions.jsonl')
   done = benchmark.resume_records(path)
@@ -241,7 +245,7 @@ def _decode_split(model, params, task_name, split, lengths, setting, output_dir,
       decoded += len(idx)
       if decoded % log_every < len(idx) or len(done) == len(examples):
         elapsed = time.perf_counter() - start
-        print(f'  {len(done)}/{len(examples)} examples, {tokens / elapsed:.0f} tokens/s, '
+        print(f'  [{task_name}] {len(done)}/{len(examples)} examples, {tokens / elapsed:.0f} tokens/s, '
               f'ETA {(len(examples) - len(done)) * elapsed / decoded / 60:.1f} min', flush=True)
   records = [done[i] for i in sorted(done)]
   return task, examples, records
@@ -252,83 +256,42 @@ def _decode_statistics(records) -> Dict[str, float]:
     return {'examples': len(records), 'tokens': int(sum(r['tokens'] for r in records))}
   tot = lambda k: float(sum(r[k] for r in records))
   return {'examples': len(records), 'tokens': int(tot('tokens')),
-          'alpha_accept': tot('accepted') / max(tot('judged'), 1),
+          'alpha_accept': reporting.acceptance_rate(tot('accepted'), tot('judged')),
           'alpha_overlap': tot('overlap_sum') / max(tot('overlap_count'), 1),
           'tokens_per_target_call': tot('emitted') / max(tot('target_calls'), 1)}
 
 
-def run(output_dir: str = gin.REQUIRED,
-        mode: str = 'benchmark',
-        task: str = tasks.ENDE_LOCAL_TASK,
-        split: str = 'test',
-        feature_lengths: Mapping[str, int] = (('inputs', 96), ('targets', 48)),
-        target_checkpoint: str = gin.REQUIRED,
-        drafter_checkpoint: Optional[str] = None,
-        target_config: Optional[network.T5Config] = None,
-        drafter_config: Optional[network.T5Config] = None,
-        drafter_name: Optional[str] = None,
-        gamma: int = 5,
-        temperature: float = 0.0,
-        topk: int = 0,
-        topp: float = 0.0,
-        draft_confidence: float = 0.0,
-        batch_size: int = 1,
-        repeats: int = 3,
-        max_examples: Optional[int] = None,
-        seed: int = 0,
-        length_buckets: bool = True,
-        rows: Sequence[Row] = (),
-        table_name: str = 'Table 2 analogue',
-        corpus_dir: Optional[str] = None,
-        vocab_path: Optional[str] = None,
-        dtype: Optional[str] = None,
-        num_partitions: Optional[int] = None,
-        overwrite: bool = False) -> Dict[str, Any]:
+def run(config: run_config.RunConfig = gin.REQUIRED) -> Dict[str, Any]:
   """Runs one experiment (see the module docstring for the modes); returns its summary.
 
-  Args (all gin-bindable as `main.run.NAME`):
-    output_dir: where everything is written; local or gs:// (then written locally and copied there).
-    mode: 'infer' | 'eval' | 'benchmark' | 'table'.
-    task, split, feature_lengths: the seqio task split and its lengths (longer inputs are cut).
-    target_checkpoint, drafter_checkpoint: checkpoint directories (compact, n-gram, T5X, Hugging Face, Orbax).
-    target_config, drafter_config: network configs for formats that carry none (T5X, Orbax).
-    drafter_name: the drafter's label in tables (default: its directory name).
-    gamma, temperature, topk, topp: decoding (topk 0 = no top-k; T5X's default 1 would be argmax).
-    draft_confidence: adaptive drafting, in [0, 1): a row stops drafting in a round after a draft the drafter
-      gave less probability than this (0: γ drafts every round). Exact either way.
-    batch_size, repeats, seed, length_buckets: see `benchmark.Setting`.
-    max_examples: the first N examples of the split (None: all).
-    rows, table_name: mode 'table'.
-    corpus_dir, vocab_path: where the local corpus / the paper's tasks' vocabulary live.
-    dtype: parameter dtype for T5X / Hugging Face / Orbax checkpoints (e.g. 'bfloat16').
-    num_partitions: model-parallel size of a ('data', 'model') mesh over all devices; None: one device.
-    overwrite: discard what an earlier run wrote into output_dir and start afresh (without it a rerun resumes,
-      and only a run of the same configuration: `fingerprint.ResumeRefused` otherwise).
+  `config` is built in gin (`main.run.config = @run_config.RunConfig()`, see `specdec.run_config`). Before
+  anything is written: the whole config is checked (`run_config.check`: settings, rows, and that checkpoints,
+  corpus and vocabulary exist, raising `run_config.ConfigError`), the tasks are registered and looked up, and
+  every output directory's fingerprint is compared (`fingerprint.ResumeRefused`).
   """
-  if mode not in MODES:
-    raise ValueError(f'mode must be one of {MODES}, got {mode!r}.')
-  if not target_checkpoint:
-    raise ValueError('No target checkpoint: set main.run.target_checkpoint (TARGET_CHECKPOINT in gin).')
-  lengths = dict(feature_lengths)
-  if set(lengths) != {'inputs', 'targets'}:
-    raise ValueError(f"feature_lengths needs 'inputs' and 'targets', got {sorted(lengths)}.")
-  setting = benchmark.Setting(gamma=gamma, temperature=temperature, topk=topk, topp=topp,
-                              batch_size=batch_size, repeats=repeats, seed=seed,
-                              length_buckets=length_buckets, draft_confidence=draft_confidence)
-  setting.validate()  # bad γ / temperature / top-k with top-p fail before any loading
-  if mode == 'table' and not rows:
-    raise ValueError("mode='table' needs rows (a list of main.Row or of dicts with its fields).")
-  rows = [r if isinstance(r, Row) else Row(**r) for r in rows]
-  for r in rows:
-    benchmark.Setting(gamma=r.gamma, temperature=r.temperature, draft_confidence=r.draft_confidence).validate()
-  if mode in ('benchmark',) and not drafter_checkpoint:
-    raise ValueError('The benchmark needs a drafter: set DRAFTER_CHECKPOINT.')
+  config = run_config.normalized(config)
+  run_config.check(config)
+  register_tasks(config.data.corpus_dir, config.data.vocab_path)
+  _check_tasks(config)
   # Model-parallel over `num_partitions` devices, data-parallel over the rest (T5X's rules); None: one device.
-  mesh = partitioning.make_mesh(num_partitions) if num_partitions else None
-  with local_output_dir(output_dir) as local_dir:
-    return _execute(local_dir, mode, task, split, lengths, setting, target_checkpoint, drafter_checkpoint,
-                    target_config, drafter_config, drafter_name, max_examples, rows, table_name, corpus_dir,
-                    vocab_path, dtype, mesh, overwrite)
+  mesh = partitioning.make_mesh(config.num_partitions) if config.num_partitions else None
+  plans = output_plans(config, mesh)
+  if not fileio.is_url(config.output_dir):
+    _refuse_mismatched_outputs(config.output_dir, plans, config.overwrite)
+  print(f'{run_config.describe(config)}, output {config.output_dir}'
+        + (f', mesh {dict(mesh.shape)}' if mesh is not None else ''), flush=True)
+  with local_output_dir(config.output_dir) as local_dir:
+    return _execute(config, local_dir, plans, mesh)
+
+
+def _check_tasks(config: run_config.RunConfig) -> None:
+  """Every task the run decodes is registered (a misspelt name fails here, before anything is written)."""
+  import seqio  # pylint: disable=g-import-not-at-top
+  names = ([r.task for r in config.rows] if config.mode == 'table' else [config.data.task])
+  known = seqio.TaskRegistry.names()
+  for name in names:
+    if name not in known and name not in seqio.MixtureRegistry.names():
+      raise run_config.ConfigError(f'unknown task {name!r} (registered: {", ".join(sorted(known))}).')
 
 
 def provenance(target_checkpoint: str, drafter_checkpoint: Optional[str], target_config=None,
@@ -368,66 +331,101 @@ def _table_row_name(row: Row) -> str:
           + (f'_conf{row.draft_confidence:g}' if row.draft_confidence else ''))
 
 
-def _execute(output_dir, mode, task, split, lengths, setting, target_checkpoint, drafter_checkpoint,
-             target_config, drafter_config, drafter_name, max_examples, rows, table_name, corpus_dir, vocab_path,
-             dtype, mesh, overwrite=False):
-  """`run` after its checks, writing into the local directory `output_dir`."""
-  register_tasks(corpus_dir, vocab_path)
-  print(f'specdec {mode}: task {task}:{split}, output {output_dir}'
-        + (f', mesh {dict(mesh.shape)}' if mesh is not None else ''), flush=True)
+@dataclasses.dataclass(frozen=True)
+class OutputPlan:
+  """One output directory of a run (a table has one per row) and the fingerprint its outputs must carry."""
+  subdir: str  # under output_dir ('' for output_dir itself)
+  expected: Mapping[str, Any]
+  owned: Sequence[str]
+  drafter_checkpoint: Optional[str]
+  drafter_name: str
+  setting: benchmark.Setting
+  provenance: Mapping[str, Any]
+  row: Optional[Row] = None
 
-  if mode == 'table':
-    plans = []  # (row, its directory, drafter checkpoint, setting, model fields); all checked before loading
-    for row in rows:
-      # Without a checkpoint, a row's drafter is a sibling of the target (the shipped family's layout).
-      drafter_dir = row.drafter_checkpoint or fileio.join(fileio.dirname(fileio.normpath(target_checkpoint)),
-                                                          row.drafter)
-      row_setting = dataclasses.replace(setting, gamma=row.gamma, temperature=row.temperature,
-                                        draft_confidence=row.draft_confidence)
-      row_provenance = provenance(target_checkpoint, drafter_dir, target_config, drafter_config, dtype)
-      row_dir = os.path.join(output_dir, _table_row_name(row))
-      _refuse_if_mismatched(row_dir, benchmark.fingerprint_fields(
-          row.task, split, lengths, row_setting, max_examples, row.drafter, row_provenance, mesh),
-                            benchmark.OUTPUT_FILES, overwrite)
-      plans.append((row, row_dir, drafter_dir, row_setting, row_provenance))
+
+def output_plans(config: run_config.RunConfig, mesh=None) -> List[OutputPlan]:
+  """What each output directory of `config` will hold (a table's rows, or the run's one directory)."""
+  data, models_config = config.data, config.models
+  if config.mode == 'table':
+    plans = []
+    for row in config.rows:
+      drafter_dir = run_config.row_drafter_checkpoint(row, models_config.target_checkpoint)
+      setting = run_config.row_setting(row, config.decoding)
+      fields = provenance(models_config.target_checkpoint, drafter_dir, models_config.target_config,
+                          models_config.drafter_config, models_config.dtype)
+      expected = benchmark.fingerprint_fields(row.task, data.split, data.lengths, setting, data.max_examples,
+                                              row.drafter, fields, mesh)
+      plans.append(OutputPlan(_table_row_name(row), expected, benchmark.OUTPUT_FILES, drafter_dir, row.drafter,
+                              setting, fields, row))
+    return plans
+  drafter_checkpoint = models_config.drafter_checkpoint
+  drafter_name = ((models_config.drafter_name or fileio.basename(fileio.normpath(drafter_checkpoint)))
+                  if drafter_checkpoint else 'none')
+  fields = provenance(models_config.target_checkpoint, drafter_checkpoint, models_config.target_config,
+                      models_config.drafter_config, models_config.dtype)
+  if config.mode == 'benchmark':
+    expected = benchmark.fingerprint_fields(data.task, data.split, data.lengths, config.decoding,
+                                            data.max_examples, drafter_name, fields, mesh)
+    owned = benchmark.OUTPUT_FILES
+  else:
+    expected = predictions_fingerprint(data.task, data.split, data.lengths, config.decoding, data.max_examples,
+                                       drafter_name, fields)
+    owned = PREDICTION_FILES
+  return [OutputPlan('', expected, owned, drafter_checkpoint, drafter_name, config.decoding, fields)]
+
+
+def _refuse_mismatched_outputs(output_dir: str, plans: Sequence[OutputPlan], overwrite: bool) -> None:
+  """Fails, before anything is written or loaded, when a directory holds another configuration's outputs."""
+  for plan in plans:
+    _refuse_if_mismatched(os.path.join(output_dir, plan.subdir) if plan.subdir else output_dir,
+                          plan.expected, plan.owned, overwrite)
+  if plans and plans[0].row is not None and not overwrite:  # the table's own files
+    reason = fingerprint.problem(output_dir, {'outputs': 'table'}, TABLE_FILES)
+    if reason:
+      raise fingerprint.ResumeRefused(reason)
+
+
+def _execute(config: run_config.RunConfig, output_dir: str, plans: Sequence[OutputPlan], mesh=None):
+  """`run` after its checks, writing into the local directory `output_dir` what `plans` describe."""
+  data, models_config = config.data, config.models
+  _refuse_mismatched_outputs(output_dir, plans, config.overwrite)  # a remote directory's copy is read only now
+  load = lambda checkpoint, network_config: load_network(checkpoint, network_config, models_config.dtype, mesh)
+
+  if config.mode == 'table':
     # The table itself is rewritten from its rows on every run; its fingerprint keeps other modes out.
-    fingerprint.prepare(output_dir, {'outputs': 'table'}, TABLE_FILES, overwrite)
-    target_module, target_params = load_network(target_checkpoint, target_config, dtype, mesh)
+    fingerprint.prepare(output_dir, {'outputs': 'table'}, TABLE_FILES, config.overwrite)
+    target_module, target_params = load(models_config.target_checkpoint, models_config.target_config)
     summaries = []
-    for row, row_dir, drafter_dir, row_setting, row_provenance in plans:
-      drafter_module, drafter_params = load_network(drafter_dir, drafter_config, dtype, mesh)
+    for i, plan in enumerate(plans):
+      print(f'Row {i + 1}/{len(plans)}: {run_config.row_label(plan.row)}', flush=True)
+      drafter_module, drafter_params = load(plan.drafter_checkpoint, models_config.drafter_config)
       summaries.append(benchmark.run(
-          target_module, target_params, drafter_module, drafter_params, row.task, split, lengths,
-          row_setting, row_dir, max_examples, drafter_name=row.drafter, mesh=mesh, provenance=row_provenance,
-          overwrite=overwrite))
-    text = tables.table2_markdown(summaries, title=table_name)
-    checkpoints.atomic_write(os.path.join(output_dir, 'table.md'), text.encode())
-    checkpoints.atomic_write(os.path.join(output_dir, 'table.json'), json.dumps(summaries, indent=2).encode())
+          benchmark.ModelPair(target_module, target_params, drafter_module, drafter_params, plan.drafter_name),
+          benchmark.TaskSplit(plan.row.task, data.split, data.lengths, data.max_examples), plan.setting,
+          benchmark.Output(os.path.join(output_dir, plan.subdir), overwrite=config.overwrite,
+                           provenance=plan.provenance), benchmark.Measuring(mesh=mesh)))
+    text = tables.table2_markdown(summaries, title=config.table_name)
+    fileio.atomic_write(os.path.join(output_dir, 'table.md'), text.encode())
+    fileio.atomic_write(os.path.join(output_dir, 'table.json'), json.dumps(summaries, indent=2).encode())
     print(text, flush=True)
     return {'rows': summaries}
 
-  drafter_name = ((drafter_name or fileio.basename(fileio.normpath(drafter_checkpoint)))
-                  if drafter_checkpoint else 'none')
-  models_fields = provenance(target_checkpoint, drafter_checkpoint, target_config, drafter_config, dtype)
-  if mode == 'benchmark':
-    expected = benchmark.fingerprint_fields(task, split, lengths, setting, max_examples, drafter_name,
-                                            models_fields, mesh)
-    owned = benchmark.OUTPUT_FILES
-  else:
-    expected = predictions_fingerprint(task, split, lengths, setting, max_examples, drafter_name, models_fields)
-    owned = PREDICTION_FILES
-  _refuse_if_mismatched(output_dir, expected, owned, overwrite)
-  target_module, target_params = load_network(target_checkpoint, target_config, dtype, mesh)
+  (plan,) = plans
+  setting = config.decoding
+  target_module, target_params = load(models_config.target_checkpoint, models_config.target_config)
   drafter_module = drafter_params = None
-  if drafter_checkpoint:
-    drafter_module, drafter_params = load_network(drafter_checkpoint, drafter_config, dtype, mesh)
-  if mode == 'benchmark':
-    summary = benchmark.run(target_module, target_params, drafter_module, drafter_params, task, split,
-                            lengths, setting, output_dir, max_examples, drafter_name=drafter_name, mesh=mesh,
-                            provenance=models_fields, overwrite=overwrite)
-    print(benchmark.markdown(summary), flush=True)
+  if plan.drafter_checkpoint:
+    drafter_module, drafter_params = load(plan.drafter_checkpoint, models_config.drafter_config)
+  if config.mode == 'benchmark':
+    summary = benchmark.run(
+        benchmark.ModelPair(target_module, target_params, drafter_module, drafter_params, plan.drafter_name),
+        benchmark.TaskSplit(data.task, data.split, data.lengths, data.max_examples), setting,
+        benchmark.Output(output_dir, overwrite=config.overwrite, provenance=plan.provenance),
+        benchmark.Measuring(mesh=mesh))
+    print(reporting.benchmark_markdown(summary), flush=True)
     return summary
-  fingerprint.prepare(output_dir, expected, owned, overwrite)
+  fingerprint.prepare(output_dir, plan.expected, plan.owned, config.overwrite)
 
   model = models.SpeculativeEncoderDecoderModel(
       target_module, drafter_module,
@@ -435,39 +433,126 @@ def _execute(output_dir, mode, task, split, lengths, setting, target_checkpoint,
   params = {'target': target_params}
   if drafter_module is not None:
     params['drafter'] = drafter_params
-  task_obj, examples, records = _decode_split(model, params, task, split, lengths, setting, output_dir,
-                                              max_examples, mesh=mesh)
-  summary = {'task': task, 'split': split, 'drafter': drafter_name, 'setting': dataclasses.asdict(setting),
-             'statistics': _decode_statistics(records)}
-  if mode == 'eval':
+  task_obj, examples, records = _decode_split(model, params, data.task, data.split, data.lengths, setting,
+                                              output_dir, data.max_examples, mesh=mesh)
+  summary = {'task': data.task, 'split': data.split, 'drafter': plan.drafter_name,
+             'setting': dataclasses.asdict(setting), 'statistics': _decode_statistics(records)}
+  if config.mode == 'eval':
     summary['metrics'] = evaluation.score_predictions(
         task_obj, [r['prediction'] for r in records], examples)
-    checkpoints.atomic_write(os.path.join(output_dir, 'metrics.json'), json.dumps(summary, indent=2).encode())
+    fileio.atomic_write(os.path.join(output_dir, 'metrics.json'), json.dumps(summary, indent=2).encode())
   else:
-    checkpoints.atomic_write(os.path.join(output_dir, 'statistics.json'), json.dumps(summary, indent=2).encode())
+    fileio.atomic_write(os.path.join(output_dir, 'statistics.json'), json.dumps(summary, indent=2).encode())
   print(json.dumps(summary, indent=2), flush=True)
   return summary
 
 
-def main(argv: Optional[Sequence[str]] = None) -> None:
-  """The command line; a bad gin binding or a refused resume ends it with one line (no traceback)."""
+class UsageError(ValueError):
+  """A command line that cannot be run as given (unknown flag, missing gin file, malformed binding)."""
+
+
+# Exit status of a command line that cannot run as given (argparse's convention), and of a run that failed.
+USAGE_EXIT, FAILURE_EXIT = 2, 1
+# Errors in what the user gave: each ends the command with its one line and USAGE_EXIT.
+USAGE_ERRORS = (UsageError, gin_utils.GinConfigError, run_config.ConfigError, fingerprint.ResumeRefused)
+GIN_FOLDERS = (('models', 'target/drafter networks and checkpoints'), ('tasks', 'seqio tasks and their lengths'),
+               ('decoding', 'decoding settings for gin-built models'),
+               ('experiments', 'runs of this launcher (main_job.gin is the default)'),
+               ('train', 'training runs (specdec.train, not this launcher)'))
+USAGE = ('usage: python -m specdec.main [--gin_file=PATH ...] [--gin.NAME=VALUE ...] [--multihost] [--debug] '
+         '[-h | --help]')
+
+
+def _gin_folder_listing(folder: str) -> str:
+  root = os.path.join(gin_utils.REPO_GIN_DIR, folder)
+  names = sorted(os.path.relpath(os.path.join(d, f), root)
+                 for d, _, files in os.walk(root) for f in files if f.endswith('.gin'))
+  return ', '.join(names)
+
+
+def help_text(files: Sequence[str] = (DEFAULT_GIN_FILE,)) -> str:
+  """--help: usage, the modes, the gin folders, and the macros `files` set with their current values."""
+  import textwrap  # pylint: disable=g-import-not-at-top
+  wrap = lambda text, indent: textwrap.fill(text, 110, initial_indent=indent, subsequent_indent=indent + '  ')
+  lines = [USAGE, '',
+           'Runs a gin-configured experiment: inference, evaluation, a baseline-vs-speculative benchmark, or a',
+           f'table of benchmark rows. Without --gin_file: gin/{DEFAULT_GIN_FILE} (the main job).', '',
+           'modes (--gin.run_config.RunConfig.mode=\'NAME\'):',
+           '  infer      decode a task split -> predictions.jsonl (resumable), statistics.json',
+           '  eval       infer, plus the task\'s seqio metrics -> metrics.json',
+           '  benchmark  baseline vs speculative decoding in one run -> benchmark.{json,md,csv,png}',
+           '  table      several benchmark rows, one subdirectory each, then table.md beside the paper\'s numbers',
+           '', 'flags:',
+           '  --gin_file=PATH     a gin file (repeatable), looked up as given, then under gin/',
+           '  --gin.NAME=VALUE    a gin binding: a macro (--gin.GAMMA=3) or a parameter, e.g.',
+           '                      --gin.run_config.DataConfig.max_examples=8 (the first 8 examples)',
+           '                      --gin.run_config.RunConfig.overwrite=True (discard earlier outputs)',
+           '                      --gin.benchmark.Setting.batch_size=8',
+           '  --multihost         initialise multi-host JAX first (Cloud TPU pod slices)',
+           '  --debug             show the traceback of an error instead of its one line',
+           '', 'gin folders (under gin/):']
+  for folder, what in GIN_FOLDERS:
+    lines.append(f'  gin/{folder}: {what}')
+    lines.append(wrap(_gin_folder_listing(folder), '    '))
+  lines += ['', f'macros of {", ".join(files)} (bind with --gin.NAME=VALUE; strings need inner quotes: '
+            '--gin.OUTPUT_DIR="\'runs/x\'"):']
   try:
-    _main(argv)
-  except (gin_utils.GinConfigError, fingerprint.ResumeRefused) as e:
-    # gin appends where the error came from ("In call to configurable 'run'"); the first line says it all.
-    raise SystemExit(f'specdec: {str(e).splitlines()[0]}') from None
+    macros = gin_utils.macro_values(files)
+  except (gin_utils.GinConfigError, FileNotFoundError, ValueError) as e:
+    lines.append(f'  (cannot read them: {str(e).splitlines()[0]})')
+  else:
+    lines += [f'  {name} = {value!r}' for name, value in sorted(macros.items())]
+  return '\n'.join(lines)
 
 
-def _main(argv: Optional[Sequence[str]]) -> None:
+def main(argv: Optional[Sequence[str]] = None) -> None:
+  """The command line. An error ends it with one line on stderr (no traceback unless --debug) and exit status
+  USAGE_EXIT for what the user gave (flags, gin, config, a refused resume), FAILURE_EXIT for anything else."""
   argv = list(sys.argv[1:] if argv is None else argv)
-  files, bindings, rest = gin_utils.split_gin_args(argv)
+  debug = '--debug' in argv
+  try:
+    _main([a for a in argv if a != '--debug'])
+  except USAGE_ERRORS as e:
+    if debug:
+      raise
+    _exit_with_one_line(str(e), USAGE_EXIT)
+  except Exception as e:  # pylint: disable=broad-except
+    if debug:
+      raise
+    _exit_with_one_line(f'{type(e).__name__}: {e}', FAILURE_EXIT, ' (rerun with --debug for the traceback)')
+
+
+def _exit_with_one_line(message: str, status: int, hint: str = '') -> None:
+  # gin appends where an error came from ("In call to configurable 'run'"); the first line says it all.
+  first = message.strip().splitlines()[0] if message.strip() else 'failed'
+  sys.stdout.flush()
+  print(f'specdec: {first}{hint}', file=sys.stderr, flush=True)
+  raise SystemExit(status)
+
+
+def _main(argv: Sequence[str]) -> None:
+  if '-h' in argv or '--help' in argv:
+    files, _, _ = gin_utils.split_gin_args([a for a in argv if a not in ('-h', '--help')])
+    try:
+      print(help_text(files or [DEFAULT_GIN_FILE]), flush=True)
+    except BrokenPipeError:  # `--help | head`: the reader has what it wanted
+      os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return
+  try:
+    files, bindings, rest = gin_utils.split_gin_args(argv)
+  except ValueError as e:
+    raise UsageError(str(e)) from None
   multihost = '--multihost' in rest
   rest = [a for a in rest if a != '--multihost']
   if rest:
-    raise SystemExit(f'Unknown arguments: {rest} (use --gin_file=PATH, --gin.NAME=VALUE, --multihost).')
+    raise UsageError(f'unknown arguments {rest} (use --gin_file=PATH, --gin.NAME=VALUE, --multihost, --debug; '
+                     '--help lists them).')
+  try:
+    gin_utils.parse(files or [DEFAULT_GIN_FILE], bindings, renamed=run_config.FORMER_RUN_PARAMETERS)
+  except FileNotFoundError as e:
+    raise UsageError(str(e)) from None
   if multihost:
     partitioning.initialize_multihost(enabled=True)
-  gin_utils.parse(files or [DEFAULT_GIN_FILE], bindings)
   # The gin files register this module's `run` (dynamic registration); its configurable carries the bindings.
   gin.get_configurable(run)()
 

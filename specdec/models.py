@@ -6,11 +6,11 @@
 Each input is encoded once per model, both decoding caches are built (the
 cross-attention projections computed once), and the gin-configurable
 `decode_fn` is called: `decoding.speculative_sample` (target + drafter) or
-`decoding.temperature_sample` (the baseline, target alone).
+`decoding.temperature_sample` (the baseline, target alone). Which arguments
+it gets and what it returns follow from its declared kind (`decoding.kind_of`).
 """
 
 import functools
-import inspect
 from typing import Any, Callable, Mapping, Optional, Tuple
 
 import jax
@@ -24,15 +24,6 @@ PyTree = Any
 Batch = Mapping[str, jax.Array]
 
 TARGET, DRAFTER = 'target', 'drafter'
-
-
-def _accepts(fn: Callable[..., Any], name: str) -> bool:
-  """Whether `fn` (or the function a functools.partial wraps) takes keyword `name`."""
-  return name in inspect.signature(fn).parameters
-
-
-def _uses_drafter(decode_fn: Callable[..., Any]) -> bool:
-  return _accepts(decode_fn, 'draft_tokens_to_logits')
 
 
 def _vocab_size(module) -> int:
@@ -60,7 +51,10 @@ class SpeculativeEncoderDecoderModel:
     input_vocabulary, output_vocabulary: seqio vocabularies (may be None for
       token-level use); `output_vocabulary.eos_id` ends decodes (default 1).
     decode_fn: `decoding.speculative_sample` or `decoding.temperature_sample`
-      (or a partial / gin configurable of either).
+      (or a partial / gin configurable of either), or any function declared
+      with `decoding.declare_kind`. An undeclared function is taken as T5X's
+      decode_fn: autoregressive, returning (decodes, log_probs), without
+      `shrink_batch`.
     max_input_length, max_decode_length: optional limits; longer batches are
       rejected with a ValueError before any compute.
   """
@@ -80,7 +74,7 @@ class SpeculativeEncoderDecoderModel:
     self.decode_fn = decode_fn
     self.max_input_length = max_input_length
     self.max_decode_length = max_decode_length
-    if _uses_drafter(decode_fn) and drafter_module is None:
+    if decoding.kind_of(decode_fn) == decoding.SPECULATIVE and drafter_module is None:
       raise ValueError('decode_fn is speculative but drafter_module is None.')
     if drafter_module is not None and _vocab_size(module) != _vocab_size(drafter_module):
       raise ValueError(
@@ -171,7 +165,7 @@ class SpeculativeEncoderDecoderModel:
                    constrain_cache: Optional[Callable[[PyTree], PyTree]] = None):
     """Encodes once and returns (cache, tokens_to_logits) for one network.
 
-    `constrain_cache` (e.g. sharding constraints, see partitioning.py) is
+    `constrain_cache` (e.g. sharding constraints, see sharded_decoding.py) is
     applied to the new cache and to the cache after every decode step, so
     the loop carries it with a fixed layout.
     """
@@ -226,7 +220,7 @@ class SpeculativeEncoderDecoderModel:
       prompt_with_targets: teacher-force the non-zero decoder_input_tokens.
       constrain_cache: optional `cache -> cache` applied to both models'
         caches when built and after each decode step; the sharded predictor
-        (partitioning.py) passes sharding constraints here.
+        (sharded_decoding.py) passes sharding constraints here.
       check_traced_ids: see above.
 
     Returns:
@@ -247,7 +241,8 @@ class SpeculativeEncoderDecoderModel:
     kwargs = dict(inputs=inputs, cache=cache, tokens_to_logits=tokens_to_logits,
                   eos_id=self.eos_id, decode_rng=rng, num_decodes=num_decodes,
                   cache_offset=0)
-    if _uses_drafter(self.decode_fn):
+    kind = decoding.kind_of(self.decode_fn)
+    if kind == decoding.SPECULATIVE:
       draft_cache, draft_tokens_to_logits = self.decoder_fns(
           self.drafter_module, params[DRAFTER], encoder_input_tokens,
           max_decode_length, constrain_cache)
@@ -255,14 +250,16 @@ class SpeculativeEncoderDecoderModel:
                     draft_tokens_to_logits=draft_tokens_to_logits)
     else:
       decoder_params.pop('return_stats', None)
-    if constrain_cache is not None and _accepts(self.decode_fn, 'shrink_batch'):
+    if constrain_cache is not None and kind is not None:  # every declared kind takes shrink_batch
       # A sharded batch keeps its shape: a smaller one may not divide over the mesh's data axis.
       decoder_params.setdefault('shrink_batch', False)
-    outputs = self.decode_fn(**kwargs, **decoder_params)
-    decodes, scores = outputs[0], outputs[1]
+    if kind == decoding.SPECULATIVE:
+      decodes, scores, stats = self.decode_fn(**kwargs, **decoder_params)
+    else:
+      (decodes, scores), stats = self.decode_fn(**kwargs, **decoder_params), None
     aux = {'scores': scores}
-    if len(outputs) > 2:
-      aux['stats'] = outputs[2]
+    if stats is not None:
+      aux['stats'] = stats
     if not return_all_decodes:
       decodes = decodes[:, -1]
       aux = jax.tree_util.tree_map(lambda x: x[:, -1], aux)

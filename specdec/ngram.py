@@ -23,7 +23,6 @@ are built on load.
 """
 
 import dataclasses
-import json
 import io
 from typing import Iterable, Optional, Tuple
 
@@ -31,7 +30,6 @@ import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
-from specdec import checkpoints
 from specdec import fileio
 
 CONFIG_FILE = 'config.json'
@@ -280,14 +278,13 @@ def save(directory: str, config: NgramConfig, unigram: np.ndarray,
   np.savez_compressed(buffer, **arrays)
   data = buffer.getvalue()
   meta = {'ngram_config': dataclasses.asdict(config),
-          checkpoints.FILES_FIELD: {COUNTS_FILE: checkpoints.sha256_hex(data)}}
+          fileio.FILES_FIELD: {COUNTS_FILE: fileio.sha256_hex(data)}}
   clash = set(extra or {}) & set(meta)
   if clash:
     raise ValueError(f'extra metadata may not replace {sorted(clash)}.')
   meta.update(extra or {})
-  checkpoints.atomic_write(fileio.join(directory, COUNTS_FILE), data)
-  checkpoints.atomic_write(fileio.join(directory, CONFIG_FILE),
-                           json.dumps(meta, indent=2, sort_keys=True).encode())
+  fileio.atomic_write(fileio.join(directory, COUNTS_FILE), data)
+  fileio.write_json(fileio.join(directory, CONFIG_FILE), meta)
 
 
 def is_ngram_dir(directory: str) -> bool:
@@ -327,14 +324,15 @@ def load(directory: str) -> Tuple[NgramLM, dict]:
     if not fileio.exists(fileio.join(directory, name)):
       raise FileNotFoundError(f'No {name} in {directory}.')
   config_path = fileio.join(directory, CONFIG_FILE)
-  meta = checkpoints.read_json_meta(config_path)
+  meta = fileio.read_json_object(config_path, kind='config file')
   try:
     config = NgramConfig(**meta['ngram_config'])
   except (KeyError, TypeError, ValueError) as e:
     raise ValueError(f"{config_path}: no valid 'ngram_config' ({type(e).__name__}: "
                      f'{e}): not an n-gram drafter config, or a damaged one.') from e
-  data = checkpoints.read_verified(directory, COUNTS_FILE, meta)
-  unigram, bigram, trigram = _read_counts(fileio.join(directory, COUNTS_FILE), data, config)
+  counts_path = fileio.join(directory, COUNTS_FILE)
+  data = fileio.read_verified(counts_path, fileio.recorded_sha256(meta, COUNTS_FILE), CONFIG_FILE)
+  unigram, bigram, trigram = _read_counts(counts_path, data, config)
   params = {'log_probs': jnp.asarray(log_prob_table(config, unigram, bigram))}
   if trigram is not None:
     keys, ids, counts = trigram_tables(config, trigram)

@@ -1,39 +1,37 @@
-"""Model- and data-parallel decoding over a ('data', 'model') device mesh.
+"""The ('data', 'model') device mesh and T5X's logical axis rules.
 
-T5X's scheme (t5x/partitioning.py), on `jax.jit` with NamedShardings:
+T5X's scheme (t5x/partitioning.py), for `jax.jit` with NamedShardings:
 
-  mesh   = make_mesh(num_partitions=4)              # [devices/4, 4] devices
-  rules  = standard_logical_axis_rules()             # logical name -> mesh axis
-  predict = compile_predict_sharded(model, mesh, rules, {'temperature': 0.0,
-                                                         'gamma': 7})
-  params = predict.shard_params(params)              # once: lay params out
-  decodes, aux = predict(params, batch, rng)         # jit(in/out_shardings)
+  mesh  = make_mesh(num_partitions=4)               # [devices/4, 4] devices
+  rules = standard_logical_axis_rules()             # logical name -> mesh axis
+  specs = logical_to_mesh_specs(logical, arrays, rules, mesh_axis_sizes(mesh))
 
 Every array has logical axis names: params from their
 `nn.with_logical_partitioning` boxes (`network.param_logical_axes`), decode
 caches by leaf name (`network.CACHE_LOGICAL_AXES`: batch, length, heads, kv),
 batch features ('batch', 'length'), outputs 'batch' first. The rules map
-names to mesh axes (batch -> data; vocab, mlp, heads, joined_kv -> model),
-so the weights, the target's verify call and the drafter's steps run
-model-parallel and the batch data-parallel. Both models' caches are pinned
-to their layout when built and after every decode step (`constrain_cache`
-in models.py); activations follow by XLA's sharding propagation.
+names to mesh axes (batch -> data; vocab, mlp, heads, joined_kv -> model).
+Sharded decoding (specdec/sharded_decoding.py) and training
+(specdec/train.py) lay their arrays out with these; specdec/memory.py
+counts the bytes a layout puts on each device.
 
 Non-divisible dimensions: a dimension whose size is not a multiple of the
 mesh axes it maps to (batch 1 on data=8; 6 heads on model=4; a tiny vocab)
 is replicated instead (`fit_spec`), logged at INFO. Sharding it would either
 fail (device_put) or pad unevenly; replication is always correct, only
-costlier in memory, which `bytes_per_device` and the XXL plan account for.
+costlier in memory, which `memory.bytes_per_device` and the XXL plan
+account for.
 
 Multi-host: call `initialize_multihost()` first thing; every process then
-passes the same global params and batch, and `to_host` gathers outputs.
+passes the same global params and batch (`put_tree`), and `to_host`
+gathers outputs.
 
-Training (specdec/train.py) lays its state out with the same rules, but
-strictly: `check_divisible` refuses a parameter dimension its mesh axes do
-not divide (replicating it would silently multiply the memory of the
-largest weights), `optimizer_state_specs` gives each optimizer-state leaf
-the layout of its parameter, and `host_batch_shard` says which slice of
-the global batch each host loads.
+Training lays its state out with the same rules, but strictly:
+`check_divisible` refuses a parameter dimension its mesh axes do not divide
+(replicating it would silently multiply the memory of the largest weights),
+`optimizer_state_specs` gives each optimizer-state leaf the layout of its
+parameter, and `host_batch_shard` says which slice of the global batch each
+host loads.
 """
 
 import functools
@@ -49,7 +47,6 @@ from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 import numpy as np
 
-from specdec import models
 from specdec import network
 
 PyTree = Any
@@ -57,8 +54,6 @@ MeshAxes = Union[None, str, Tuple[str, ...]]
 LogicalAxisRules = Sequence[Tuple[str, MeshAxes]]
 
 MESH_AXES = ('data', 'model')
-# The batch features a predict call reads ([B, length] int each).
-DATA_FEATURES = ('encoder_input_tokens', 'decoder_input_tokens')
 
 _log = logging.getLogger(__name__)
 
@@ -145,7 +140,8 @@ def standard_logical_axis_rules(
                for name, axes in rules)
 
 
-def _rule_mesh_axes(axes: MeshAxes) -> Tuple[str, ...]:
+def rule_mesh_axes(axes: MeshAxes) -> Tuple[str, ...]:
+  """The mesh axis names of a rule's (or a PartitionSpec entry's) axes."""
   if axes is None:
     return ()
   return (axes,) if isinstance(axes, str) else tuple(axes)
@@ -158,7 +154,7 @@ def check_rules(rules: LogicalAxisRules, axis_sizes: Mapping[str, int]) -> None:
         not isinstance(rule[0], str)):
       raise ValueError(f'A logical axis rule must be (name, mesh axes), got '
                        f'{rule!r}.')
-    for axis in _rule_mesh_axes(rule[1]):
+    for axis in rule_mesh_axes(rule[1]):
       if axis not in axis_sizes:
         raise ValueError(f'Rule {tuple(rule)!r} names mesh axis {axis!r}; the '
                          f'mesh has {tuple(axis_sizes)}.')
@@ -182,7 +178,7 @@ def fit_spec(spec: PartitionSpec, shape: Sequence[int],
                      f'shape {tuple(shape)} has dimensions.')
   fitted = []
   for dim, (size, axes) in enumerate(zip(shape, entries)):
-    ways = math.prod(axis_sizes[a] for a in _rule_mesh_axes(axes))
+    ways = math.prod(axis_sizes[a] for a in rule_mesh_axes(axes))
     if axes is not None and size % ways:
       _log.info('%s: dimension %d (size %d) does not divide over mesh axes %s '
                 '(%d ways): replicated.', where or 'array', dim, size, axes,
@@ -252,22 +248,6 @@ def param_logical_axes(module: Any, params: PyTree) -> PyTree:
                                 flax.core.unfreeze(params))
 
 
-def param_specs(model: models.SpeculativeEncoderDecoderModel, params: PyTree,
-                rules: LogicalAxisRules, axis_sizes: Mapping[str, int]) -> PyTree:
-  """Mesh PartitionSpecs for {'target': ..., 'drafter': ...} params.
-
-  Params of a network the model lacks (a drafter passed to a baseline
-  model) are replicated.
-  """
-  params = flax.core.unfreeze(params)
-  modules = {models.TARGET: model.module, models.DRAFTER: model.drafter_module}
-  specs = {}
-  for name, tree in params.items():
-    logical = param_logical_axes(modules.get(name), tree)
-    specs[name] = logical_to_mesh_specs(logical, tree, rules, axis_sizes)
-  return specs
-
-
 def cache_specs(cache: PyTree, rules: LogicalAxisRules,
                 axis_sizes: Mapping[str, int]) -> PyTree:
   """Mesh PartitionSpecs for a decode cache (see network.CACHE_LOGICAL_AXES)."""
@@ -309,7 +289,7 @@ def undivisible_dims(logical_tree: PyTree, shapes_tree: PyTree,
     logical = PartitionSpec() if logical is None else logical
     mesh_spec = nn.logical_to_mesh_axes(tuple(logical), rules)
     for dim, (size, axes) in enumerate(zip(np.shape(leaf), tuple(mesh_spec))):
-      ways = math.prod(axis_sizes[a] for a in _rule_mesh_axes(axes))
+      ways = math.prod(axis_sizes[a] for a in rule_mesh_axes(axes))
       if size % ways:
         problems.append(
             f'{jax.tree_util.keystr(path)} dimension {dim} '
@@ -462,128 +442,11 @@ def global_batch(local_batch: Mapping[str, np.ndarray],
 
 
 # -----------------------------------------------------------------------------
-# Memory accounting (no devices needed: works for simulated meshes).
-# -----------------------------------------------------------------------------
-
-
-def shard_shape(shape: Sequence[int], spec: PartitionSpec,
-                axis_sizes: Mapping[str, int]) -> Tuple[int, ...]:
-  """The per-device block of an array of `shape` laid out by a fitted spec."""
-  entries = tuple(spec) + (None,) * (len(shape) - len(spec))
-  out = []
-  for size, axes in zip(shape, entries):
-    ways = math.prod(axis_sizes[a] for a in _rule_mesh_axes(axes))
-    if size % ways:
-      raise ValueError(f'dimension {size} does not divide {ways} ways ({axes}); '
-                       'fit the spec first (fit_spec).')
-    out.append(size // ways)
-  return tuple(out)
-
-
-def leaf_bytes_per_device(shapes_tree: PyTree, spec_tree: PyTree,
-                          axis_sizes: Mapping[str, int],
-                          dtype: Optional[Any] = None) -> dict:
-  """{leaf path: bytes one device holds of it} for a tree laid out by specs.
-
-  With even sharding every device holds the same; a replicated leaf counts
-  in full on each device. `dtype` overrides the leaves' dtypes (e.g. to
-  account params stored in bfloat16); bool leaves keep 1 byte.
-  """
-  shapes = jax.tree_util.tree_flatten_with_path(
-      flax.core.unfreeze(shapes_tree))[0]
-  specs = jax.tree_util.tree_leaves(flax.core.unfreeze(spec_tree),
-                                    is_leaf=_is_spec)
-  if len(shapes) != len(specs):
-    raise ValueError(f'{len(shapes)} arrays but {len(specs)} specs.')
-  out = {}
-  for (path, leaf), spec in zip(shapes, specs):
-    leaf_dtype = np.dtype(leaf.dtype)
-    if dtype is not None and leaf_dtype != np.bool_:
-      leaf_dtype = np.dtype(dtype)
-    out[jax.tree_util.keystr(path)] = math.prod(
-        shard_shape(np.shape(leaf), spec, axis_sizes)) * leaf_dtype.itemsize
-  return out
-
-
-def bytes_per_device(shapes_tree: PyTree, spec_tree: PyTree,
-                     axis_sizes: Mapping[str, int],
-                     dtype: Optional[Any] = None) -> int:
-  """Bytes one device holds of a tree (see `leaf_bytes_per_device`)."""
-  return sum(leaf_bytes_per_device(shapes_tree, spec_tree, axis_sizes,
-                                   dtype).values())
-
-
-def total_bytes(shapes_tree: PyTree, dtype: Optional[Any] = None) -> int:
-  """Bytes of a whole tree (one copy), with `bytes_per_device`'s dtype rule."""
-  specs = jax.tree_util.tree_map(lambda _: PartitionSpec(),
-                                 flax.core.unfreeze(shapes_tree))
-  return bytes_per_device(shapes_tree, specs, {}, dtype)
-
-
-@functools.lru_cache(maxsize=None)
-def abstract_params(config: network.T5Config) -> PyTree:
-  """The params tree as ShapeDtypeStructs (float32); allocates nothing."""
-  return jax.eval_shape(functools.partial(network.init_params, config),
-                        jax.random.PRNGKey(0))
-
-
-@functools.lru_cache(maxsize=None)
-def abstract_cache(config: network.T5Config, batch_size: int, input_len: int,
-                   cache_len: int) -> PyTree:
-  """The decode cache for [batch_size, input_len] inputs and `cache_len`
-  decode positions, as ShapeDtypeStructs (leaves in config.dtype)."""
-  module = network.Transformer(config)
-
-  def build(params, tokens):
-    encoded = module.apply({'params': params}, tokens, enable_dropout=False,
-                           method=module.encode)
-    _, variables = module.apply({'params': params}, encoded, tokens,
-                                cache_len, method=module.init_cache,
-                                mutable=['cache'])
-    return variables['cache']
-
-  return jax.eval_shape(build, abstract_params(config),
-                        jax.ShapeDtypeStruct((batch_size, input_len), np.int32))
-
-
-def network_memory(config: network.T5Config, axis_sizes: Mapping[str, int],
-                   rules: Optional[LogicalAxisRules] = None, *,
-                   batch_size: int, input_len: int, cache_len: int,
-                   param_dtype: Any = np.float32) -> dict:
-  """Bytes per device and in total of one network's params and caches.
-
-  Keys: params, self_cache (decoder self-attention K/V, `cache_len`
-  positions), cross_cache (encoder K/V projections and mask, `input_len`),
-  each per device, and the same with a `_total` suffix (one copy). Params
-  are counted in `param_dtype`, caches in their own dtype (config.dtype).
-  """
-  rules = standard_logical_axis_rules() if rules is None else rules
-  params = abstract_params(config)
-  param_mesh_specs = logical_to_mesh_specs(
-      _transformer_logical_axes(config), params, rules, axis_sizes)
-  cache = abstract_cache(config, batch_size, input_len, cache_len)
-  per_leaf = leaf_bytes_per_device(cache, cache_specs(cache, rules, axis_sizes),
-                                   axis_sizes)
-  whole = leaf_bytes_per_device(
-      cache, jax.tree_util.tree_map(lambda _: PartitionSpec(), cache), {})
-  is_self = lambda path: 'cached_' in path
-  return dict(
-      params=bytes_per_device(params, param_mesh_specs, axis_sizes,
-                              param_dtype),
-      params_total=total_bytes(params, param_dtype),
-      self_cache=sum(b for p, b in per_leaf.items() if is_self(p)),
-      self_cache_total=sum(b for p, b in whole.items() if is_self(p)),
-      cross_cache=sum(b for p, b in per_leaf.items() if not is_self(p)),
-      cross_cache_total=sum(b for p, b in whole.items() if not is_self(p)),
-  )
-
-
-# -----------------------------------------------------------------------------
 # Placing data, and getting it back.
 # -----------------------------------------------------------------------------
 
 
-def _put(x: Any, sharding: NamedSharding) -> jax.Array:
+def put_array(x: Any, sharding: NamedSharding) -> jax.Array:
   """x laid out by `sharding`; on multi-host every process passes the same x."""
   if jax.process_count() == 1 or (isinstance(x, jax.Array) and
                                   not x.is_fully_addressable):
@@ -594,7 +457,8 @@ def _put(x: Any, sharding: NamedSharding) -> jax.Array:
 
 
 def put_tree(tree: PyTree, shardings: PyTree) -> PyTree:
-  return jax.tree_util.tree_map(_put, tree, shardings)
+  """Every leaf of `tree` laid out by its sharding in `shardings` (`put_array`)."""
+  return jax.tree_util.tree_map(put_array, tree, shardings)
 
 
 def to_host(tree: PyTree) -> PyTree:
@@ -603,179 +467,6 @@ def to_host(tree: PyTree) -> PyTree:
     from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
     return multihost_utils.process_allgather(tree, tiled=True)
   return jax.device_get(tree)
-
-
-# -----------------------------------------------------------------------------
-# Sharded predict.
-# -----------------------------------------------------------------------------
-
-
-def _signature(tree: PyTree) -> Tuple:
-  leaves, treedef = jax.tree_util.tree_flatten(flax.core.unfreeze(tree))
-  return (treedef,) + tuple((np.shape(x), str(x.dtype)) for x in leaves)
-
-
-class ShardedPredictor:
-  """`model.predict_batch_with_aux` jit-compiled over a ('data', 'model') mesh.
-
-  `predictor(params, batch, rng) -> (decodes, aux)` as `model.compile_predict`
-  gives, computed with params, both decode caches, the batch and the outputs
-  laid out by `rules` on `mesh`. One jit per batch shape; params are placed
-  on the mesh (no-op once `shard_params` did it).
-
-  `decoder_params` are static, as in `compile_predict`. A per-call
-  `temperature=` instead makes the temperature a traced scalar: one program
-  for every temperature (a sweep, t = 0 and t = 1 of the paper's tables),
-  at the price of computing both the argmax and the sampling branch.
-  """
-
-  def __init__(self, model: models.SpeculativeEncoderDecoderModel, mesh: Mesh,
-               rules: Optional[LogicalAxisRules] = None,
-               decoder_params: Optional[Mapping[str, Any]] = None,
-               num_decodes: int = 1, return_all_decodes: bool = False,
-               prompt_with_targets: bool = False):
-    self.model = model
-    self.mesh = mesh
-    self.rules = tuple(standard_logical_axis_rules() if rules is None
-                       else rules)
-    self.axis_sizes = mesh_axis_sizes(mesh)
-    check_rules(self.rules, self.axis_sizes)
-    self.decoder_params = dict(decoder_params or {})
-    self._predict_kwargs = dict(
-        num_decodes=num_decodes, return_all_decodes=return_all_decodes,
-        prompt_with_targets=prompt_with_targets,
-        constrain_cache=self.constrain_cache,
-        # `_inputs` validates every batch before the jitted call (in-graph too when
-        # the caller traces it): no second, compiled-in id check per call.
-        check_traced_ids=False)
-    self._jitted = {}
-    self._param_shardings = {}
-
-  # Layouts. ---------------------------------------------------------------
-
-  def param_shardings(self, params: PyTree) -> PyTree:
-    key = _signature(params)
-    if key not in self._param_shardings:
-      self._param_shardings[key] = named_shardings(
-          self.mesh, param_specs(self.model, params, self.rules,
-                                 self.axis_sizes))
-    return self._param_shardings[key]
-
-  def cache_shardings(self, cache: PyTree) -> PyTree:
-    return named_shardings(self.mesh,
-                           cache_specs(cache, self.rules, self.axis_sizes))
-
-  def batch_shardings(self, batch: Mapping[str, Any]) -> dict:
-    return named_shardings(self.mesh,
-                           batch_specs(batch, self.rules, self.axis_sizes))
-
-  def output_sharding(self, batch_size: int) -> NamedSharding:
-    """Every output has the batch first: one sharding for all of them."""
-    spec = logical_to_mesh_specs(
-        PartitionSpec('batch'), jax.ShapeDtypeStruct((batch_size,), np.int32),
-        self.rules, self.axis_sizes)
-    return NamedSharding(self.mesh, spec)
-
-  def constrain_cache(self, cache: PyTree) -> PyTree:
-    """Pins a cache (inside jit) to its layout; {} (n-gram) passes through."""
-    if not jax.tree_util.tree_leaves(cache):
-      return cache
-    return jax.lax.with_sharding_constraint(cache, self.cache_shardings(cache))
-
-  def shard_params(self, params: PyTree) -> PyTree:
-    """Params laid out on the mesh (do this once, not per call)."""
-    return put_tree(flax.core.unfreeze(params), self.param_shardings(params))
-
-  # Calls. -----------------------------------------------------------------
-
-  def _inputs(self, params, batch, rng):
-    self.model.validate_batch(batch)
-    batch = {k: batch[k] for k in DATA_FEATURES}
-    params = flax.core.unfreeze(params)
-    return params, batch, rng
-
-  def init_caches(self, params: PyTree, batch: Mapping[str, Any]) -> dict:
-    """Both networks' fresh caches {'target': ..., 'drafter': ...}, sharded.
-
-    What the predict call builds internally, returned for inspection
-    (layouts, memory); compiled anew on each call.
-    """
-    params, batch, _ = self._inputs(params, batch, None)
-    modules = {models.TARGET: self.model.module,
-               models.DRAFTER: self.model.drafter_module}
-
-    def build(params, batch):
-      length = batch['decoder_input_tokens'].shape[1]
-      return {name: self.model.decoder_fns(
-          module, params[name], batch['encoder_input_tokens'], length,
-          self.constrain_cache)[0]
-              for name, module in modules.items()
-              if module is not None and name in params}
-
-    caches = jax.eval_shape(build, params, batch)
-    out = {name: self.cache_shardings(cache) for name, cache in caches.items()}
-    jitted = jax.jit(build, in_shardings=(self.param_shardings(params),
-                                          self.batch_shardings(batch)),
-                     out_shardings=out)
-    return jitted(put_tree(params, self.param_shardings(params)),
-                  put_tree(batch, self.batch_shardings(batch)))
-
-  def _predict(self, params, batch, rng, temperature):
-    decoder_params = self.decoder_params
-    if temperature is not None:
-      decoder_params = dict(decoder_params, temperature=temperature)
-    return self.model.predict_batch_with_aux(
-        params, batch, rng, decoder_params=decoder_params,
-        **self._predict_kwargs)
-
-  def _compiled_and_args(self, params, batch, rng, temperature):
-    """The jitted predict for these shapes, and the arguments laid out."""
-    params, batch, rng = self._inputs(params, batch, rng)
-    if temperature is not None:
-      temperature = np.asarray(temperature, np.float32)
-      if temperature.ndim or not np.isfinite(temperature) or temperature < 0:
-        raise ValueError(f'temperature must be a finite scalar >= 0, got '
-                         f'{temperature}.')
-    param_sh = self.param_shardings(params)
-    batch_sh = self.batch_shardings(batch)
-    replicated = NamedSharding(self.mesh, PartitionSpec())
-    optional = lambda x: None if x is None else replicated
-    key = (_signature(params), _signature(batch),
-           None if rng is None else _signature(rng), temperature is None)
-    if key not in self._jitted:
-      batch_size = batch['encoder_input_tokens'].shape[0]
-      self._jitted[key] = jax.jit(
-          self._predict,
-          in_shardings=(param_sh, batch_sh, optional(rng),
-                        optional(temperature)),
-          out_shardings=self.output_sharding(batch_size))
-    place = lambda x: None if x is None else _put(x, replicated)
-    args = (put_tree(params, param_sh), put_tree(batch, batch_sh), place(rng),
-            place(temperature))
-    return self._jitted[key], args
-
-  def lower(self, params: PyTree, batch: Mapping[str, Any],
-            rng: Optional[jax.Array] = None, temperature=None):
-    """`jax.stages.Lowered` of the call (HLO, `.compile().memory_analysis()`)."""
-    jitted, args = self._compiled_and_args(params, batch, rng, temperature)
-    return jitted.lower(*args)
-
-  def __call__(self, params: PyTree, batch: Mapping[str, Any],
-               rng: Optional[jax.Array] = None, temperature=None):
-    """(decodes, aux); `temperature` (optional) overrides decoder_params'."""
-    jitted, args = self._compiled_and_args(params, batch, rng, temperature)
-    return jitted(*args)
-
-
-def compile_predict_sharded(
-    model: models.SpeculativeEncoderDecoderModel, mesh: Mesh,
-    rules: Optional[LogicalAxisRules] = None,
-    decoder_params: Optional[Mapping[str, Any]] = None, num_decodes: int = 1,
-    return_all_decodes: bool = False,
-    prompt_with_targets: bool = False) -> ShardedPredictor:
-  """The sharded counterpart of `model.compile_predict(decoder_params, ...)`."""
-  return ShardedPredictor(model, mesh, rules, decoder_params, num_decodes,
-                          return_all_decodes, prompt_with_targets)
 
 
 # -----------------------------------------------------------------------------

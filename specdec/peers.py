@@ -1,8 +1,9 @@
 """Side by side with what users would pick instead: Hugging Face assisted generation on the same weights.
 
-`run(target_dir, drafter_dir, task, split, lengths, max_examples, gamma, ...)` exports both networks to
-`transformers` T5 (`hf_export.save_hf`, float32), loads them with `T5ForConditionalGeneration.from_pretrained`
-and, in one process, on the same examples (`evaluation.task_examples`), interleaved example by example, times:
+`run(target_dir, drafter_dir, data, setting, call_costs, output)` (`benchmark.TaskSplit`, `PeerSetting`,
+`CallCostSetting`, `PeerOutput`) exports both networks to `transformers` T5 (`hf_export.save_hf`, float32), loads
+them with `T5ForConditionalGeneration.from_pretrained` and, in one process, on the same examples
+(`evaluation.task_examples`), interleaved example by example, times:
 
   hf   baseline              `generate` (greedy, or do_sample=True, top_k=0 at temperature 1)
   hf   assisted:<setting>    `generate(..., assistant_model=drafter)`, one row per assistant setting
@@ -29,8 +30,8 @@ on the first examples (`measure_call_costs`): HF's torch models called directly 
 decoder calls with a prefilled cache, cropped back after each timed call), ours jitted (`profiling`'s timers: the
 decoder calls inside one compiled scan, as in our decode loops). The report gives ms per call, HF / ours per call
 kind, verify / step and c = drafter step / target step in each framework, and per row the measured ms per token
-beside what its counted calls would cost at those prices (`model_time_per_token`): the rest is the loop and the
-framework around the calls.
+beside what its counted calls would cost at those prices (`peers_report.model_time_per_token`): the rest is the
+loop and the framework around the calls.
 
 Without torch / transformers installed, `require_peers` raises an ImportError naming the extra to install.
 """
@@ -49,18 +50,22 @@ import jax
 import numpy as np
 
 from specdec import benchmark
-from specdec import checkpoints
 from specdec import decoding
-from specdec import evaluation
+from specdec import fileio
 from specdec import hf_export
 from specdec import models
 from specdec import network
+from specdec import peers_report
+from specdec import plots
 from specdec import profiling
+from specdec import reporting
 
 INSTALL_HINT = "pip install -e '.[peers]'"
-HF, OURS = 'hf', 'ours'
-BASELINE = 'baseline'
-SPECULATIVE, ADAPTIVE = 'speculative', 'speculative_adaptive'
+# The record keys of the frameworks and systems (`peers_report` sums and renders by them).
+HF, OURS = peers_report.HF, peers_report.OURS
+BASELINE = peers_report.BASELINE
+SPECULATIVE, ADAPTIVE = peers_report.SPECULATIVE, peers_report.ADAPTIVE
+CALL_KINDS = peers_report.CALL_KINDS
 
 
 def require_peers():
@@ -308,144 +313,256 @@ def _sklearn_available() -> bool:
 # ----------------------------------------------------------------------------------------------------------
 
 
-def run(target_dir: str, drafter_dir: str, task_name: str, split: str, lengths: Mapping[str, int],
-        max_examples: Optional[int], gamma: int, temperatures: Sequence[float] = (0.0, 1.0),
-        output_dir: str = 'results/peers', run_name: Optional[str] = None,
-        hf_settings: Sequence[str] = ('constant', 'hf_default'), draft_confidence: float = 0.5,
-        repeats: int = 1, seed: int = 0, length_buckets: bool = True, ours_batch_size: int = 0,
-        torch_threads: Optional[int] = None, write_plot: bool = True, call_costs: bool = True,
-        call_cost_examples: int = 4, call_cost_position: int = 10, call_cost_repeats: int = 5,
-        call_cost_num_calls: int = 32, log: Callable[[str], None] = print) -> Dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class PeerSetting:
+  """What a peer run compares, and how it times it.
+
+  gamma: our γ, and HF's drafts per round in the 'constant' (and start of the 'heuristic') setting.
+  temperatures: 0 (greedy) and/or 1 (sampling, top_k=0).
+  hf_settings: names from ASSISTANT_SETTINGS.
+  draft_confidence: our adaptive-drafting row's cut-off (0: no adaptive row).
+  repeats: timed runs per example and system (median kept).
+  length_buckets: pad our inputs to a bucket (benchmark.bucket_length); HF takes them unpadded.
+  ours_batch_size: > 1 adds our baseline and speculative decoding at this batch size (HF's assisted generation
+    is batch 1 only: compare with its batch-1 rows, i.e. HF at batch 1 × B).
+  torch_threads: PyTorch's intra-op threads (None: os.cpu_count(), as many as XLA's CPU client uses); restored
+    when the run ends.
+  """
+  gamma: int
+  temperatures: Sequence[float] = (0.0, 1.0)
+  hf_settings: Sequence[str] = ('constant', 'hf_default')
+  draft_confidence: float = 0.5
+  repeats: int = 1
+  seed: int = 0
+  length_buckets: bool = True
+  ours_batch_size: int = 0
+  torch_threads: Optional[int] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class CallCostSetting:
+  """Timing each framework's model calls by themselves (`measure_call_costs`), on the first `examples` examples.
+
+  Encoders, and 1-token and γ+1-token cached decoder calls with the decoder at `position` (HF's cache holds that
+  many positions); the median of `repeats` runs (ours: of `num_calls` calls in one compiled scan each), warm-up
+  and compilation excluded. The report then shows where each framework's time per token goes
+  (`peers_report.model_time_per_token`). measure=False leaves all of this out.
+  """
+  measure: bool = True
+  examples: int = 4
+  position: int = 10
+  repeats: int = 5
+  num_calls: int = 32
+
+
+@dataclasses.dataclass(frozen=True)
+class PeerOutput:
+  """Where a peer run writes: output_dir/<run_name>.{md,json,png} (run_name None: <task>_<drafter>_g<γ>), and
+  where its progress lines go (`log`)."""
+  output_dir: str = 'results/peers'
+  run_name: Optional[str] = None
+  write_plot: bool = True
+  log: Callable[[str], None] = print
+
+
+def run(target_dir: str, drafter_dir: str, data: benchmark.TaskSplit, setting: PeerSetting,
+        call_costs: CallCostSetting = CallCostSetting(), output: PeerOutput = PeerOutput()) -> Dict[str, Any]:
   """Times HF generate / assisted generation against our baseline / speculative decoding; writes the report.
 
-  Args:
-    target_dir, drafter_dir: compact model directories (e.g. models/cpu/target, models/cpu/d1kd).
-    task_name, split, lengths, max_examples: the examples (`evaluation.task_examples`; tasks must be
-      registered, e.g. `tasks.register_local_tasks(corpus_dir)`).
-    gamma: our γ, and HF's drafts per round in the 'constant' (and start of the 'heuristic') setting.
-    temperatures: 0 (greedy) and/or 1 (sampling, top_k=0).
-    output_dir, run_name: writes output_dir/<run_name>.{md,json,png}.
-    hf_settings: names from ASSISTANT_SETTINGS.
-    draft_confidence: our adaptive-drafting row's cut-off (0: no adaptive row).
-    repeats: timed runs per example and system (median kept).
-    length_buckets: pad our inputs to a bucket (benchmark.bucket_length); HF takes them unpadded.
-    ours_batch_size: > 1 adds our baseline and speculative decoding at this batch size (HF's assisted
-      generation is batch 1 only: compare with its batch-1 rows, i.e. HF at batch 1 × B).
-    torch_threads: PyTorch's intra-op threads (default os.cpu_count(): as many as XLA's CPU client uses);
-      restored when the run ends.
-    call_costs: also time each framework's model calls by themselves (`measure_call_costs`) on the first
-      `call_cost_examples` examples: encoders, 1-token and γ+1-token cached decoder calls with the decoder at
-      `call_cost_position` (HF's cache holds that many positions), median of `call_cost_repeats` runs (ours:
-      of `call_cost_num_calls` calls in one compiled scan each), warm-up and compilation excluded; the report
-      then shows where each framework's time per token goes (`model_time_per_token`).
+  target_dir, drafter_dir: compact model directories (e.g. models/cpu/target, models/cpu/d1kd).
+  data: the examples (`benchmark.load_examples`; tasks must be registered, e.g.
+    `tasks.register_local_tasks(corpus_dir)`).
 
-  Returns:
-    The summary (also in <run_name>.json).
+  Returns the summary (also in <run_name>.json).
   """
   torch, transformers = require_peers()
   import seqio  # pylint: disable=g-import-not-at-top
-  if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
-    raise ValueError(f'gamma must be an int >= 1, got {gamma!r}.')
+  validate(setting, call_costs)
+  hf_settings = [assistant_setting(name, setting.gamma) for name in setting.hf_settings]
+  run_name = output.run_name or f'{data.task}_{os.path.basename(os.path.normpath(drafter_dir))}_g{setting.gamma}'
+
+  xla_threads = os.cpu_count() or 1  # XLA's CPU client uses one thread per core
+  examples = benchmark.load_examples(data)
+  vocab = seqio.get_mixture_or_task(data.task).output_features['targets'].vocabulary
+
+  with (tempfile.TemporaryDirectory(prefix='specdec_peers_') as hf_root, _quiet_transformers(transformers),
+        _torch_threads(torch, setting.torch_threads or xla_threads)):
+    frameworks = _load_frameworks(torch, transformers, target_dir, drafter_dir, hf_root, vocab, examples, data,
+                                  setting.length_buckets)
+    start = time.perf_counter()
+    records, systems_by_temperature = _time_every_system(frameworks, setting, hf_settings, examples,
+                                                         data.lengths['targets'], output.log, start)
+    pair = frameworks.pair
+    batch_rows = _batched_rows(frameworks, examples, data.lengths, setting) if setting.ours_batch_size > 1 else []
+    for counter in frameworks.counters:
+      counter.remove()
+    costs = None
+    if call_costs.measure:
+      costs = _measure_call_costs(frameworks, records, examples, data.lengths, setting, call_costs)
+      output.log(f"  call costs: {len(costs['examples'])} examples, {time.perf_counter() - start:.0f} s so far")
+
+  rows = _rows(systems_by_temperature, records, costs)
+  identity = _identity(records, pair, examples, data.lengths) if 0.0 in setting.temperatures else {}
+  summary = {
+      'task': data.task, 'split': data.split, 'lengths': dict(data.lengths), 'examples': len(examples),
+      'target': target_dir, 'drafter': drafter_dir, 'gamma': setting.gamma,
+      'draft_confidence': setting.draft_confidence, 'repeats': setting.repeats, 'seed': setting.seed,
+      'rows': rows, 'ratios': peers_report.ratios(rows), 'identity': identity,
+      'batched': batch_rows, 'ours_batch_size': setting.ours_batch_size, 'call_costs': costs,
+      'threads': {'torch_num_threads': setting.torch_threads or xla_threads, 'xla_cpu_threads': xla_threads},
+      'versions': {'torch': torch.__version__, 'transformers': transformers.__version__,
+                   'scikit_learn_available': _sklearn_available()},
+      'machine': reporting.machine_info(), 'date': datetime.datetime.now().isoformat(timespec='seconds'),
+      'command': reporting.run_command(), 'records': records,
+  }
+  write_outputs(output.output_dir, run_name, summary, output.write_plot)
+  return summary
+
+
+def validate(setting: PeerSetting, call_costs: CallCostSetting) -> None:
+  """Raises ValueError for settings a peer run cannot measure (before anything is loaded)."""
+  gamma, repeats, temperatures = setting.gamma, setting.repeats, setting.temperatures
+  decoding.validate_settings(gamma=gamma)
   if repeats < 1:
     raise ValueError(f'repeats must be >= 1, got {repeats}.')
-  if call_costs and min(call_cost_examples, call_cost_repeats, call_cost_num_calls, call_cost_position) < 1:
-    raise ValueError('call_cost_examples, call_cost_repeats, call_cost_num_calls and call_cost_position must be '
-                     f'>= 1, got {call_cost_examples}, {call_cost_repeats}, {call_cost_num_calls}, '
-                     f'{call_cost_position}.')
+  c = call_costs
+  if c.measure and min(c.examples, c.repeats, c.num_calls, c.position) < 1:
+    raise ValueError('the call costs\' examples, repeats, num_calls and position must be >= 1, got '
+                     f'call_cost_examples={c.examples}, call_cost_repeats={c.repeats}, '
+                     f'call_cost_num_calls={c.num_calls}, call_cost_position={c.position}.')
   bad = [t for t in temperatures if t not in (0.0, 1.0)]
   if bad or not temperatures:
     raise ValueError(f'temperatures must be 0 and/or 1 (greedy, plain sampling), got {list(temperatures)}.')
-  settings = [assistant_setting(name, gamma) for name in hf_settings]
-  run_name = run_name or f'{task_name}_{os.path.basename(os.path.normpath(drafter_dir))}_g{gamma}'
 
-  xla_threads = os.cpu_count() or 1  # XLA's CPU client uses one thread per core
-  examples = evaluation.task_examples(task_name, split, lengths, max_examples)
-  if not examples:
-    raise ValueError(f'{task_name}:{split} gave no examples.')
-  vocab = seqio.get_mixture_or_task(task_name).output_features['targets'].vocabulary
 
-  with (tempfile.TemporaryDirectory(prefix='specdec_peers_') as hf_root, _quiet_transformers(transformers),
-        _torch_threads(torch, torch_threads or xla_threads)):
-    target_module, target_params, hf_target = load_pair(torch, transformers, target_dir,
-                                                        os.path.join(hf_root, 'target'))
-    drafter_module, drafter_params, hf_drafter = load_pair(torch, transformers, drafter_dir,
-                                                           os.path.join(hf_root, 'drafter'))
-    if target_module.config.vocab_size != drafter_module.config.vocab_size:
-      raise ValueError(f'Vocabulary mismatch: target vocab_size={target_module.config.vocab_size}, '
-                       f'drafter vocab_size={drafter_module.config.vocab_size}.')
-    counters = (CallCounter(hf_target), CallCounter(hf_drafter))
-    batches = [b for _, b in benchmark.make_batches(examples, lengths, 1, length_buckets)]
-    params = {'target': target_params, 'drafter': drafter_params}
-    base_params = {'target': target_params}
-    eos_id = int(vocab.eos_id)
-    baseline_model, speculative_model = ours_models(target_module, drafter_module, vocab)
-    records: Dict[str, List[Dict[str, Any]]] = {}
-    systems_by_temperature = {}
-    start = time.perf_counter()
-    for temperature in temperatures:
-      systems = [_hf_system(torch, hf_target, hf_drafter, counters, s, temperature, examples,
-                            lengths['targets'], seed) for s in [None] + settings]
-      ours = [(SPECULATIVE, 0.0)] + ([(ADAPTIVE, draft_confidence)] if draft_confidence else [])
-      for name, confidence in [(BASELINE, 0.0)] + ours:
-        setting = benchmark.Setting(gamma=gamma, temperature=temperature, topk=0, seed=seed,
-                                    draft_confidence=confidence)
-        if name == BASELINE:
-          systems.append(_ours_system(name, baseline_model.compile_predict(setting.decoder_params()),
-                                      base_params, batches, temperature, seed, setting.decoder_params(), eos_id))
-        else:
-          systems.append(_ours_system(name, speculative_model.compile_predict(setting.speculative_params()),
-                                      params, batches, temperature, seed, setting.speculative_params(), eos_id))
-      systems_by_temperature[temperature] = systems
-      for i in range(len(examples)):
-        per_system = {}
-        for system in systems:  # HF: one untimed call; ours: compile + one untimed run per input shape
-          system.warm_up(i)
-        for _ in range(repeats):  # interleaved, so slow drifts of the machine hit every system alike
-          for system in systems:
-            seconds, result = system.run(i)
-            per_system.setdefault(system.key, (result, []))[1].append(seconds)
-        for key, (result, times) in per_system.items():
-          records.setdefault(f'{temperature:g}/{key}', []).append(
-              dict(result, index=i, seconds=float(np.median(times))))
-      log(f'  t={temperature:g}: {len(examples)} examples, {time.perf_counter() - start:.0f} s so far')
-    batch_rows = (time_ours_batched((baseline_model, speculative_model), params, examples, lengths, gamma,
-                                     temperatures, seed, ours_batch_size, length_buckets, eos_id)
-                  if ours_batch_size > 1 else [])
-    for counter in counters:
-      counter.remove()
-    costs = None
-    if call_costs:
-      position = max(1, min(call_cost_position, lengths['targets'] - gamma - 1))
-      first = records[f'{temperatures[0]:g}/{HF}:{BASELINE}']  # realistic decoder inputs: HF's own decode
-      decoder_inputs = [hf_decoder_inputs(r['decode'], position + gamma + 1) for r in first]
-      costs = measure_call_costs(torch, hf_target, hf_drafter, target_module, target_params, drafter_module,
-                                 drafter_params, examples, batches, decoder_inputs,
-                                 range(min(call_cost_examples, len(examples))), position, gamma,
-                                 call_cost_repeats, call_cost_num_calls)
-      log(f"  call costs: {len(costs['examples'])} examples, {time.perf_counter() - start:.0f} s so far")
+@dataclasses.dataclass(frozen=True)
+class _Frameworks:
+  """Both frameworks' models of one run: HF's torch models with their call counters, and ours (`ours_models`)
+  with their params and batch-1 inputs (one batch per example)."""
+  torch: Any
+  hf_target: Any
+  hf_drafter: Any
+  counters: Tuple[CallCounter, CallCounter]
+  pair: benchmark.ModelPair
+  decoders: Tuple[models.SpeculativeEncoderDecoderModel, models.SpeculativeEncoderDecoderModel]
+  batches: List[Dict[str, np.ndarray]]
+  eos_id: int
 
-  rows = [summarize_system(records[f'{t:g}/{s.key}'], s, t)
+  @property
+  def params(self) -> Dict[str, Any]:
+    return {'target': self.pair.target_params, 'drafter': self.pair.drafter_params}
+
+
+def _load_frameworks(torch, transformers, target_dir: str, drafter_dir: str, hf_root: str, vocab, examples,
+                     data: benchmark.TaskSplit, length_buckets: bool) -> _Frameworks:
+  """Loads both model directories into both frameworks (HF's through an export under `hf_root`)."""
+  target_module, target_params, hf_target = load_pair(torch, transformers, target_dir,
+                                                      os.path.join(hf_root, 'target'))
+  drafter_module, drafter_params, hf_drafter = load_pair(torch, transformers, drafter_dir,
+                                                         os.path.join(hf_root, 'drafter'))
+  if target_module.config.vocab_size != drafter_module.config.vocab_size:
+    raise ValueError(f'Vocabulary mismatch: target vocab_size={target_module.config.vocab_size}, '
+                     f'drafter vocab_size={drafter_module.config.vocab_size}.')
+  counters = (CallCounter(hf_target), CallCounter(hf_drafter))
+  batches = [b for _, b in benchmark.make_batches(examples, data.lengths, 1, length_buckets)]
+  return _Frameworks(torch, hf_target, hf_drafter, counters,
+                    benchmark.ModelPair(target_module, target_params, drafter_module, drafter_params),
+                    ours_models(target_module, drafter_module, vocab), batches, int(vocab.eos_id))
+
+
+def _systems(frameworks: _Frameworks, setting: PeerSetting, hf_settings: Sequence[AssistantSetting],
+             temperature: float, examples, max_new_tokens: int) -> List[System]:
+  """Every system at `temperature`: HF's baseline and assisted settings, then ours (baseline, speculative and,
+  with a draft confidence, adaptive)."""
+  f = frameworks
+  systems = [_hf_system(f.torch, f.hf_target, f.hf_drafter, f.counters, s, temperature, examples, max_new_tokens,
+                        setting.seed) for s in [None] + list(hf_settings)]
+  baseline_model, speculative_model = f.decoders
+  ours = [(SPECULATIVE, 0.0)] + ([(ADAPTIVE, setting.draft_confidence)] if setting.draft_confidence else [])
+  for name, confidence in [(BASELINE, 0.0)] + ours:
+    ours_setting = benchmark.Setting(gamma=setting.gamma, temperature=temperature, topk=0, seed=setting.seed,
+                                     draft_confidence=confidence)
+    if name == BASELINE:
+      systems.append(_ours_system(name, baseline_model.compile_predict(ours_setting.decoder_params()),
+                                  {'target': f.pair.target_params}, f.batches, temperature, setting.seed,
+                                  ours_setting.decoder_params(), f.eos_id))
+    else:
+      systems.append(_ours_system(name, speculative_model.compile_predict(ours_setting.speculative_params()),
+                                  f.params, f.batches, temperature, setting.seed,
+                                  ours_setting.speculative_params(), f.eos_id))
+  return systems
+
+
+def _time_every_system(frameworks: _Frameworks, setting: PeerSetting, hf_settings: Sequence[AssistantSetting],
+                       examples, max_new_tokens: int, log: Callable[[str], None], start: float
+                       ) -> Tuple[Dict[str, List[Dict[str, Any]]], Dict[float, List[System]]]:
+  """(records by '<temperature>/<system key>', systems by temperature): every system timed at each temperature."""
+  records: Dict[str, List[Dict[str, Any]]] = {}
+  systems_by_temperature = {}
+  for temperature in setting.temperatures:
+    systems = _systems(frameworks, setting, hf_settings, temperature, examples, max_new_tokens)
+    systems_by_temperature[temperature] = systems
+    _time_systems(systems, len(examples), setting.repeats, temperature, records)
+    log(f'  t={temperature:g}: {len(examples)} examples, {time.perf_counter() - start:.0f} s so far')
+  return records, systems_by_temperature
+
+
+def _batched_rows(frameworks: _Frameworks, examples, lengths: Mapping[str, int], setting: PeerSetting
+                  ) -> List[Dict[str, Any]]:
+  """`time_ours_batched` at `setting.ours_batch_size`."""
+  return time_ours_batched(frameworks.decoders, frameworks.params, examples, lengths, setting.gamma,
+                           setting.temperatures, setting.seed, setting.ours_batch_size, setting.length_buckets,
+                           frameworks.eos_id)
+
+
+def _time_systems(systems: Sequence[System], num_examples: int, repeats: int, temperature: float,
+                  records: Dict[str, List[Dict[str, Any]]]) -> None:
+  """Times every system on every example, interleaved; appends each example's record (median seconds) to
+  records['<temperature>/<system key>']."""
+  for i in range(num_examples):
+    per_system = {}
+    for system in systems:  # HF: one untimed call; ours: compile + one untimed run per input shape
+      system.warm_up(i)
+    for _ in range(repeats):  # interleaved, so slow drifts of the machine hit every system alike
+      for system in systems:
+        seconds, result = system.run(i)
+        per_system.setdefault(system.key, (result, []))[1].append(seconds)
+    for key, (result, times) in per_system.items():
+      records.setdefault(f'{temperature:g}/{key}', []).append(dict(result, index=i, seconds=float(np.median(times))))
+
+
+def _measure_call_costs(frameworks: _Frameworks, records, examples, lengths: Mapping[str, int],
+                        setting: PeerSetting, call_costs: CallCostSetting) -> Dict[str, Any]:
+  """`measure_call_costs` on the first examples, HF's decoder given its own greedy (or first temperature's)
+  baseline decode as realistic decoder inputs."""
+  gamma = setting.gamma
+  position = max(1, min(call_costs.position, lengths['targets'] - gamma - 1))
+  first = records[f'{setting.temperatures[0]:g}/{HF}:{BASELINE}']
+  decoder_inputs = [hf_decoder_inputs(r['decode'], position + gamma + 1) for r in first]
+  f, m = frameworks, frameworks.pair
+  return measure_call_costs(f.torch, f.hf_target, f.hf_drafter, m.target_module, m.target_params,
+                            m.drafter_module, m.drafter_params, examples, f.batches, decoder_inputs,
+                            range(min(call_costs.examples, len(examples))), position, gamma, call_costs.repeats,
+                            call_costs.num_calls)
+
+
+def _identity(records, pair: benchmark.ModelPair, examples, lengths: Mapping[str, int]) -> Dict[str, Any]:
+  """`greedy_identity`, with HF's and our target calls per example at γ drafts every round
+  (`peers_report.greedy_constant_calls`)."""
+  identity = greedy_identity(records, pair.target_module, pair.target_params, examples, lengths)
+  identity['constant_calls'] = peers_report.greedy_constant_calls(records)
+  return identity
+
+
+def _rows(systems_by_temperature: Mapping[float, Sequence[System]], records, costs: Optional[Dict[str, Any]]
+          ) -> List[Dict[str, Any]]:
+  """One summed row per (temperature, system), with speedups; `costs` gains each row's model time per token."""
+  rows = [peers_report.summarize_system(records[f'{t:g}/{s.key}'], s, t)
           for t, systems in systems_by_temperature.items() for s in systems]
-  add_speedups(rows)
+  peers_report.add_speedups(rows)
   if costs is not None:
-    costs['per_token'] = [model_time_per_token(r, costs['ms'][r['framework']]) for r in rows]
-  identity = {}
-  if 0.0 in temperatures:
-    identity = greedy_identity(records, target_module, target_params, examples, lengths)
-    identity['constant_calls'] = greedy_constant_calls(records)
-  summary = {
-      'task': task_name, 'split': split, 'lengths': dict(lengths), 'examples': len(examples),
-      'target': target_dir, 'drafter': drafter_dir, 'gamma': gamma, 'draft_confidence': draft_confidence,
-      'repeats': repeats, 'seed': seed, 'rows': rows, 'ratios': ratios(rows), 'identity': identity,
-      'batched': batch_rows, 'ours_batch_size': ours_batch_size, 'call_costs': costs,
-      'threads': {'torch_num_threads': torch_threads or xla_threads, 'xla_cpu_threads': xla_threads},
-      'versions': {'torch': torch.__version__, 'transformers': transformers.__version__,
-                   'scikit_learn_available': _sklearn_available()},
-      'machine': benchmark.machine_info(), 'date': datetime.datetime.now().isoformat(timespec='seconds'),
-      'command': benchmark.run_command(), 'records': records,
-  }
-  write_outputs(output_dir, run_name, summary, write_plot)
-  return summary
+    costs['per_token'] = [peers_report.model_time_per_token(r, costs['ms'][r['framework']]) for r in rows]
+  return rows
 
 
 def time_ours_batched(decoders, params, examples, lengths, gamma, temperatures, seed, batch_size,
@@ -480,14 +597,6 @@ def time_ours_batched(decoders, params, examples, lengths, gamma, temperatures, 
 # ----------------------------------------------------------------------------------------------------------
 # Per-call costs: where each framework's time goes.
 # ----------------------------------------------------------------------------------------------------------
-
-CALL_KINDS = ('target_encoder', 'target_step', 'target_verify', 'drafter_encoder', 'drafter_step')
-
-
-def call_labels(gamma: int) -> Dict[str, str]:
-  return {'target_encoder': 'target encoder', 'target_step': 'target decoder, 1 token (cached)',
-          'target_verify': f'target decoder, verify: γ+1 = {gamma + 1} tokens (cached)',
-          'drafter_encoder': 'drafter encoder', 'drafter_step': 'drafter decoder, 1 token (cached)'}
 
 
 def _hf_cache_keyword(model) -> str:
@@ -582,92 +691,6 @@ def ours_call_costs(target_module, target_params, drafter_module, drafter_params
   return out
 
 
-def _div(a: Optional[float], b: Optional[float]) -> Optional[float]:
-  return a / b if a is not None and b else None
-
-
-def call_cost_ratios(ms: Mapping[str, Mapping[str, float]]) -> Dict[str, Dict[str, Optional[float]]]:
-  """From {framework: {call kind: ms}}: HF ms / ours ms per call kind; verify / 1-token target step and
-  c = drafter step / target step in each framework."""
-  return {'hf_over_ours': {k: _div(ms[HF][k], ms[OURS][k]) for k in CALL_KINDS},
-          'verify_over_step': {f: _div(ms[f]['target_verify'], ms[f]['target_step']) for f in (HF, OURS)},
-          'c': {f: _div(ms[f]['drafter_step'], ms[f]['target_step']) for f in (HF, OURS)}}
-
-
-def model_time_per_token(row: Mapping[str, Any], ms: Mapping[str, float]) -> Dict[str, Any]:
-  """A summary row's measured ms per token beside what its model calls would cost at `ms` (its framework's
-  per-call ms), per generated token; the rest is the loop and the framework around the calls.
-
-  Calls: one target encoder call per example, and for a speculative row a drafter encoder call too; target
-  calls (`target_calls`) at the 1-token step cost (baselines) or the γ+1-token verify cost (speculative rows;
-  their mean width is `target_call_tokens`); drafter calls at the drafter step cost, HF's as counted
-  (`drafter_calls_per_example`), ours one per draft (`drafted`).
-  """
-  speculative = row['system'] != BASELINE
-  n, tokens = row['examples'], row['tokens']
-  if speculative:
-    drafter_calls = row.get('drafter_calls_per_example', row.get('drafted', 0) / n) * n
-  else:
-    drafter_calls = 0
-  encoders = n * (ms['target_encoder'] + (ms['drafter_encoder'] if speculative else 0.0))
-  target = row['target_calls'] * ms['target_verify' if speculative else 'target_step']
-  drafter = drafter_calls * ms['drafter_step']
-  measured = _div(1000 * row['seconds'], tokens)
-  model = _div(encoders + target + drafter, tokens)
-  overhead = measured - model if measured is not None and model is not None else None
-  return {'temperature': row['temperature'], 'framework': row['framework'], 'system': row['system'],
-          'measured_ms_per_token': measured, 'encoders_ms_per_token': _div(encoders, tokens),
-          'target_ms_per_token': _div(target, tokens), 'drafter_ms_per_token': _div(drafter, tokens),
-          'model_ms_per_token': model, 'overhead_ms_per_token': overhead,
-          'overhead_share': _div(overhead, measured),
-          'target_call_tokens': (1.0 + row.get('drafted_per_target_call', 0.0)) if speculative else 1.0,
-          'drafter_calls_per_example': drafter_calls / n}
-
-
-def constant_pair_breakdown(per_token: Sequence[Mapping[str, Any]],
-                            pairs: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
-  """For each ours 'speculative' vs HF 'assisted:constant' pair of `ratios`: the tokens/s ratio beside the
-  ratio of their model-call ms per token and each one's ms per token outside the calls."""
-  by = {(r['framework'], r['system'], r['temperature']): r for r in per_token}
-  out = []
-  for p in pairs:
-    if p['ours'] != SPECULATIVE or p['hf'] != 'assisted:constant':
-      continue
-    ours, hf = by.get((OURS, SPECULATIVE, p['temperature'])), by.get((HF, 'assisted:constant', p['temperature']))
-    if ours and hf:
-      out.append({'temperature': p['temperature'], 'ratio': p['ratio'],
-                  'model_ratio': _div(hf['model_ms_per_token'], ours['model_ms_per_token']),
-                  'hf': hf, 'ours': ours})
-  return out
-
-
-def call_cost_sentences(call_costs: Mapping[str, Any], pairs: Sequence[Mapping[str, Any]],
-                        gamma: int) -> List[str]:
-  """The section's prose, from the numbers: per-call HF / ours, c and verify / step in each framework, and for
-  the fixed-γ pair at the first temperature, how much of each side's time per token is its model calls."""
-  ms, r = call_costs['ms'], call_costs['ratios']
-  x = lambda v: fmt(v, '.1f')
-  lines = [
-      f"HF's 1-token target step costs {x(r['hf_over_ours']['target_step'])}× ours ({ms[HF]['target_step']:.2f} "
-      f"vs {ms[OURS]['target_step']:.2f} ms), its {gamma + 1}-token verify call "
-      f"{x(r['hf_over_ours']['target_verify'])}× and its drafter step {x(r['hf_over_ours']['drafter_step'])}× "
-      f"ours; c (drafter step / target step) is {fmt(r['c'][HF])} in HF and {fmt(r['c'][OURS])} in ours, and a "
-      f"verify call costs {fmt(r['verify_over_step'][HF])}× a 1-token step in HF and "
-      f"{fmt(r['verify_over_step'][OURS])}× in ours."]
-  breakdown = constant_pair_breakdown(call_costs.get('per_token', []), pairs)
-  if breakdown:
-    b = breakdown[0]
-    hf, ours = b['hf'], b['ours']
-    pct = lambda v: fmt(None if v is None else 100 * v, '.0f')
-    lines.append(
-        f"At t = {b['temperature']:g}, ours speculative makes {fmt(b['ratio'])}× HF assisted:constant's tokens/s; "
-        f"their model calls alone take {fmt(hf['model_ms_per_token'])} vs {fmt(ours['model_ms_per_token'])} ms "
-        f"per token ({fmt(b['model_ratio'])}×), and the time outside the calls is "
-        f"{fmt(hf['overhead_ms_per_token'])} ms per token for HF ({pct(hf['overhead_share'])}% of its time) vs "
-        f"{fmt(ours['overhead_ms_per_token'])} ms for ours ({pct(ours['overhead_share'])}%).")
-  return lines
-
-
 def measure_call_costs(torch, hf_target, hf_drafter, target_module, target_params, drafter_module,
                        drafter_params, examples, batches, decoder_inputs, indices: Sequence[int], position: int,
                        gamma: int, repeats: int, num_calls: int) -> Dict[str, Any]:
@@ -684,7 +707,7 @@ def measure_call_costs(torch, hf_target, hf_drafter, target_module, target_param
         per_example[framework][k].append(float(v))
   ms = {f: {k: float(np.median(v)) for k, v in kinds.items()} for f, kinds in per_example.items()}
   return {'examples': [int(i) for i in indices], 'position': position, 'repeats': repeats,
-          'ours_calls_per_repeat': num_calls, 'ms': ms, 'ratios': call_cost_ratios(ms),
+          'ours_calls_per_repeat': num_calls, 'ms': ms, 'ratios': peers_report.call_cost_ratios(ms),
           'per_example_ms': per_example}
 
 
@@ -697,65 +720,8 @@ def hf_decoder_inputs(decode_l: Sequence[int], length: int) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Summaries.
+# Greedy outputs compared.
 # ----------------------------------------------------------------------------------------------------------
-
-
-def summarize_system(records: Sequence[Mapping[str, Any]], system: System, temperature: float) -> Dict[str, Any]:
-  """One row: totals, tokens/s and call counts of a system over the examples."""
-  seconds = float(sum(r['seconds'] for r in records))
-  tokens = int(sum(r['tokens'] for r in records))
-  calls = int(sum(r['target_calls'] for r in records))
-  n = len(records)
-  row = {'framework': system.framework, 'system': system.name, 'temperature': temperature,
-         'settings': dict(system.settings), 'examples': n, 'seconds': seconds, 'tokens': tokens,
-         'tokens_per_s': tokens / seconds if seconds else 0.0,
-         'ms_per_example_median': 1000 * float(np.median([r['seconds'] for r in records])),
-         'target_calls': calls, 'target_calls_per_example': calls / n,
-         'tokens_per_target_call': tokens / calls if calls else 0.0}
-  if 'drafted' in records[0] and system.name != BASELINE:
-    drafted = int(sum(r['drafted'] for r in records))
-    accepted = int(sum(r['accepted'] for r in records))
-    row.update(drafted=drafted, accepted=accepted, accepted_per_drafted=accepted / drafted if drafted else 0.0,
-               drafted_per_target_call=drafted / calls if calls else 0.0)
-    if 'judged' in records[0]:  # ours: α as benchmark.py reports it (accepted / judged inside the loop)
-      judged = int(sum(r['judged'] for r in records))
-      in_loop = int(sum(r['accepted_in_loop'] for r in records))
-      row.update(judged=judged, alpha_accept=in_loop / judged if judged else 0.0)
-  if 'drafter_calls' in records[0] and system.name != BASELINE:
-    row['drafter_calls_per_example'] = sum(r['drafter_calls'] for r in records) / n
-  return row
-
-
-def add_speedups(rows: List[Dict[str, Any]]) -> None:
-  """speedup = own framework's baseline seconds / this row's seconds, at the same temperature."""
-  baselines = {(r['framework'], r['temperature']): r['seconds'] for r in rows if r['system'] == BASELINE}
-  for r in rows:
-    base = baselines.get((r['framework'], r['temperature']))
-    r['speedup_vs_own_baseline'] = base / r['seconds'] if base and r['seconds'] else None
-
-
-def ratios(rows: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
-  """ours / HF tokens/s for matched pairs: baselines, and each HF assisted setting against our speculative
-  row of the same kind (fixed γ against 'constant', adaptive against the adaptive HF schedules)."""
-  by = {(r['framework'], r['system'], r['temperature']): r for r in rows}
-  out = []
-  for r in rows:
-    if r['framework'] != HF:
-      continue
-    t = r['temperature']
-    if r['system'] == BASELINE:
-      ours_name = BASELINE
-    elif r['system'] == 'assisted:constant' or (OURS, ADAPTIVE, t) not in by:
-      ours_name = SPECULATIVE
-    else:
-      ours_name = ADAPTIVE
-    ours = by.get((OURS, ours_name, t))
-    if ours:
-      out.append({'temperature': t, 'ours': ours_name, 'hf': r['system'],
-                  'ours_tokens_per_s': ours['tokens_per_s'], 'hf_tokens_per_s': r['tokens_per_s'],
-                  'ratio': ours['tokens_per_s'] / r['tokens_per_s'] if r['tokens_per_s'] else None})
-  return out
 
 
 def greedy_identity(records: Mapping[str, Sequence[Mapping[str, Any]]], target_module, target_params,
@@ -785,177 +751,15 @@ def greedy_identity(records: Mapping[str, Sequence[Mapping[str, Any]]], target_m
           'speculative_vs_baseline': out}
 
 
-def greedy_constant_calls(records: Mapping[str, Sequence[Mapping[str, Any]]]) -> Optional[Dict[str, Any]]:
-  """Greedy, γ drafts every round: HF's target calls per example beside ours (None without both rows).
-
-  With the same drafter network, the same outputs and exact greedy verification both frameworks would run
-  the same rounds; examples where the counts differ drafted differently.
-  """
-  hf, ours = records.get(f'0/{HF}:assisted:constant'), records.get(f'0/{OURS}:{SPECULATIVE}')
-  if not hf or not ours:
-    return None
-  return {'examples': len(hf),
-          'same_target_calls': sum(a['target_calls'] == b['target_calls'] for a, b in zip(hf, ours)),
-          'hf_target_calls': [r['target_calls'] for r in hf], 'ours_target_calls': [r['target_calls'] for r in ours],
-          'hf_accepted': [r['accepted'] for r in hf], 'ours_accepted': [r['accepted'] for r in ours]}
-
-
 # ----------------------------------------------------------------------------------------------------------
 # Outputs.
 # ----------------------------------------------------------------------------------------------------------
 
-CALLS_NOTE = (
-    "Target calls differ between the frameworks for reasons other than speed: both count one target call per "
-    "round (the encoder is not counted), but HF's drafter stops a round at its own EOS and, in 'hf_default', "
-    "after a draft it gives < the confidence cut-off (up to 20 drafts), while ours drafts γ every round "
-    "(adaptive: stops below draft_confidence, at most γ); HF caps the last round's drafts at the length budget; "
-    "at temperature 1 the two frameworks draw different random numbers, so their samples (and lengths) "
-    "differ. Greedy with 'constant' and the same outputs, both would run the same rounds if both drafted the "
-    "drafter's greedy continuation (see above).")
-
-
-DRAFTS_NOTE = (
-    "With one drafter network, identical outputs and exact greedy checks, different counts mean different "
-    "drafts. Observed with transformers 5.24: after a round that rejected a draft, HF's assistant drafts are not "
-    "always the drafter's greedy continuation of the accepted prefix (its `generate` reusing the cropped T5 "
-    "cache returns other tokens from the third step on than a fresh-cache `generate` of the same prefix); ours "
-    "match a teacher-forced replay of Algorithm 1 with the drafter network.")
-
-
-def fmt(x, spec='.2f', none='-'):
-  return none if x is None else format(x, spec)
-
-
-def markdown(summary: Mapping[str, Any]) -> str:
-  s = summary
-  m = s['machine']
-  lines = [
-      f"# Peer benchmark: specdec vs Hugging Face assisted generation, {s['task']}:{s['split']}",
-      '',
-      f"{s['date']} · {m['processor']}, {m['cpu_count']} CPUs · jax {m['jax']} ({m['backend']}), torch "
-      f"{s['versions']['torch']}, transformers {s['versions']['transformers']} · threads: torch "
-      f"{s['threads']['torch_num_threads']}, XLA {s['threads']['xla_cpu_threads']} · `{s['command']}`",
-      '',
-      f"Target `{s['target']}`, drafter `{s['drafter']}`, γ = {s['gamma']}, our adaptive drafting at "
-      f"{s['draft_confidence']:g}; {s['examples']} examples at batch 1 (lengths {s['lengths']}), each example's "
-      f"time the median of {s['repeats']} run(s), warm-up excluded; the same float32 weights in both "
-      f"frameworks (exported with `specdec.hf_export`).",
-      '',
-      '| t | framework | system | settings | tokens/s | speedup vs own baseline | ms/example (median) | '
-      'target calls/example | tokens/target call | accepted/drafted | drafts/call |',
-      '|---|---|---|---|---|---|---|---|---|---|---|',
-  ]
-  for r in s['rows']:
-    settings = ', '.join(f'{k}={v}' for k, v in r['settings'].items() if k != 'temperature')
-    lines.append(
-        f"| {r['temperature']:g} | {r['framework']} | {r['system']} | {settings} | {r['tokens_per_s']:.0f} | "
-        f"{fmt(r['speedup_vs_own_baseline'])}× | {r['ms_per_example_median']:.1f} | "
-        f"{r['target_calls_per_example']:.1f} | {r['tokens_per_target_call']:.2f} | "
-        f"{fmt(r.get('accepted_per_drafted'), '.3f')} | {fmt(r.get('drafted_per_target_call'))} |")
-  lines += ['', '## ours / HF tokens/s', '', '| t | ours | HF | ours tokens/s | HF tokens/s | ratio |',
-            '|---|---|---|---|---|---|']
-  lines += [f"| {p['temperature']:g} | {p['ours']} | {p['hf']} | {p['ours_tokens_per_s']:.0f} | "
-            f"{p['hf_tokens_per_s']:.0f} | **{fmt(p['ratio'])}×** |" for p in s['ratios']]
-  if s.get('call_costs'):
-    lines += ['', CALL_COSTS_HEADING, ''] + call_costs_markdown(s['call_costs'], s['ratios'], s['gamma'])
-  if s['batched']:
-    hf_base = {r['temperature']: r for r in s['rows'] if r['framework'] == HF and r['system'] == BASELINE}
-    lines += ['', f"## Ours at batch {s['ours_batch_size']} vs HF at batch 1 × {s['ours_batch_size']} "
-              '(HF assisted generation is batch 1 only)', '',
-              '| t | system | tokens/s | HF baseline at batch 1, tokens/s |', '|---|---|---|---|']
-    lines += [f"| {b['temperature']:g} | {b['system']} | {b['tokens_per_s']:.0f} | "
-              f"{hf_base[b['temperature']]['tokens_per_s']:.0f} |" for b in s['batched']]
-  if s['identity']:
-    ident = s['identity']
-    lines += ['', '## Greedy outputs', '',
-              f"HF greedy vs specdec greedy (baselines): **{100 * ident['hf_vs_ours_baseline']:.1f}%** identical "
-              f"({s['examples'] - len(ident['mismatches'])}/{s['examples']}).", '']
-    lines += [f'- {k}: {100 * v:.1f}% identical' for k, v in ident['speculative_vs_baseline'].items()]
-    calls = ident.get('constant_calls')
-    if calls:
-      lines += ['', f"Greedy, γ drafts every round (HF 'constant' vs ours 'speculative'): the same number of target "
-                f"calls on {calls['same_target_calls']}/{calls['examples']} examples (HF "
-                f"{sum(calls['hf_target_calls'])}, ours {sum(calls['ours_target_calls'])} in all; drafts kept: HF "
-                f"{sum(calls['hf_accepted'])}, ours {sum(calls['ours_accepted'])}). {DRAFTS_NOTE}"]
-    if ident['mismatches']:
-      lines += ['', '| example | position | ours token | HF token | logit margin (ours − HF) | top-2 gap |',
-                '|---|---|---|---|---|---|']
-      lines += [f"| {x['index']} | {x['position']} | {x['ours_token']} | {x['hf_token']} | {x['margin']:.2e} | "
-                f"{x['top2_gap']:.2e} |" for x in ident['mismatches']]
-  lines += ['', '## Notes', '', CALLS_NOTE, '',
-            f"HF's assistant confidence cut-off is re-fitted during generation only with scikit-learn installed "
-            f"(here: {'yes' if s['versions']['scikit_learn_available'] else 'no, so it stays fixed'})."]
-  return '\n'.join(lines) + '\n'
-
-
-CALL_COSTS_HEADING = '## Where the time goes (per-call costs, batch 1)'
-
-
-def call_costs_markdown(call_costs: Mapping[str, Any], pairs: Sequence[Mapping[str, Any]],
-                        gamma: int) -> List[str]:
-  """The per-call table, the prose computed from it, and each row's ms per token split into model calls and
-  the rest."""
-  c = call_costs
-  ms, r = c['ms'], c['ratios']
-  labels = call_labels(gamma)
-  lines = [f"Each model call timed by itself on examples {c['examples']} (median over them of each one's "
-           f"median of {c['repeats']} runs, warm-up and compilation excluded), the same float32 weights. HF: the "
-           f"torch model called directly under `torch.inference_mode()`, the decoder's cache holding "
-           f"{c['position']} positions (cropped back after each timed call). Ours: the jitted calls as our decode "
-           f"loops run them, {c['ours_calls_per_repeat']} per run inside one compiled `lax.scan` "
-           f"(`profiling.time_decode_calls`; our cache has the decode length, so the position does not matter).",
-           '', '| call | HF ms | ours ms | HF / ours |', '|---|---|---|---|']
-  lines += [f"| {labels[k]} | {ms[HF][k]:.3f} | {ms[OURS][k]:.3f} | {fmt(r['hf_over_ours'][k])}× |"
-            for k in CALL_KINDS]
-  lines += [f"| verify / 1-token target step | {fmt(r['verify_over_step'][HF])} | "
-            f"{fmt(r['verify_over_step'][OURS])} | |",
-            f"| c = drafter step / target step | {fmt(r['c'][HF])} | {fmt(r['c'][OURS])} | |"]
-  lines += [''] + call_cost_sentences(c, pairs, gamma)
-  lines += ['', 'Per generated token: the measured time (main table) beside what the counted calls cost at the '
-            'prices above (encoders once per example; target calls as 1-token steps in baselines, as '
-            f'{gamma + 1}-token verify calls in speculative rows, whatever their width; drafter calls: HF as '
-            'counted, ours one per draft); the rest is the decode loop and the framework around the calls.', '',
-            '| t | framework | system | ms/token measured | encoders | target calls | drafter calls | model calls '
-            'in all | rest (loop, framework) | rest share | target call width (mean tokens) | '
-            'drafter calls/example |', '|---|---|---|---|---|---|---|---|---|---|---|---|']
-  for t in c.get('per_token', []):
-    share = None if t['overhead_share'] is None else 100 * t['overhead_share']
-    lines.append(
-        f"| {t['temperature']:g} | {t['framework']} | {t['system']} | {fmt(t['measured_ms_per_token'], '.3f')} | "
-        f"{fmt(t['encoders_ms_per_token'], '.3f')} | {fmt(t['target_ms_per_token'], '.3f')} | "
-        f"{fmt(t['drafter_ms_per_token'], '.3f')} | {fmt(t['model_ms_per_token'], '.3f')} | "
-        f"{fmt(t['overhead_ms_per_token'], '.3f')} | {fmt(share, '.0f')}% | {t['target_call_tokens']:.2f} | "
-        f"{t['drafter_calls_per_example']:.1f} |")
-  lines += ['', "Not in either side's encoder or step costs: the cross-attention keys and values of the encoded "
-            "input (HF computes them in its first decoder call, ours when it sets up the cache). A negative rest "
-            "means the calls cost less inside the decode than timed alone: timing noise, verify calls narrower "
-            "than γ+1 tokens, or (HF, whose cache grows) decoding mostly at shorter positions than the one timed."]
-  return lines
-
-
-def plot(path: str, summary: Mapping[str, Any]) -> None:
-  """Tokens/s per system, one group of bars per temperature."""
-  plt = benchmark.pyplot()
-  rows = summary['rows']
-  temperatures = sorted({r['temperature'] for r in rows})
-  names = list(dict.fromkeys(f"{r['framework']}:{r['system']}" for r in rows))
-  fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(names)), 4))
-  width = 0.8 / len(temperatures)
-  for j, t in enumerate(temperatures):
-    by = {f"{r['framework']}:{r['system']}": r['tokens_per_s'] for r in rows if r['temperature'] == t}
-    ax.bar(np.arange(len(names)) + j * width, [by.get(n, np.nan) for n in names], width, label=f't = {t:g}')
-  ax.set_xticks(np.arange(len(names)) + width * (len(temperatures) - 1) / 2)
-  ax.set_xticklabels(names, rotation=30, ha='right')
-  ax.set_ylabel('tokens/s (batch 1)')
-  ax.set_title(f"{summary['task']}, γ={summary['gamma']}: specdec vs HF assisted generation")
-  ax.legend()
-  benchmark.save_png(fig, path)
-
 
 def write_outputs(output_dir: str, run_name: str, summary: Mapping[str, Any], write_plot: bool = True) -> None:
-  """<run_name>.json, .md (and .png), each written atomically."""
+  """<run_name>.json, .md (`peers_report.markdown`) and .png (`plots.plot_peers`), each written atomically."""
   base = os.path.join(output_dir, run_name)
-  checkpoints.atomic_write(base + '.json', json.dumps(summary, indent=2, allow_nan=False).encode())
-  checkpoints.atomic_write(base + '.md', markdown(summary).encode())
+  fileio.atomic_write(base + '.json', json.dumps(summary, indent=2, allow_nan=False).encode())
+  fileio.atomic_write(base + '.md', peers_report.markdown(summary).encode())
   if write_plot:
-    plot(base + '.png', summary)
+    plots.plot_peers(base + '.png', summary)

@@ -244,14 +244,11 @@ def time_phases(target_module, target_params, drafter_module, drafter_params,
                                                    max_decode_length, prefix_bl[:, :max(position - 1, 1)])
   spec = decoding.LoopSpec(
       gamma=gamma, eos_id=1, tokens_to_logits=tokens_to_logits,
-      draft_tokens_to_logits=draft_tokens_to_logits,
-      forced_bl=jnp.zeros(sequences_bl.shape, bool),
-      max_len_b=jnp.full((rows,), max_decode_length, jnp.int32),
-      temperature=temperature, topk=topk, topp=topp,
-      fast_greedy=sampling.static_greedy(temperature) is True,
+      draft_tokens_to_logits=draft_tokens_to_logits, temperature=temperature, topk=topk, topp=topp,
       draft_confidence=draft_confidence, return_stats=False)
   state0 = decoding.SpeculativeLoopState(
       cur_index=jnp.full((rows,), position - 1, jnp.int32), sequences=sequences_bl,
+      forced_bl=jnp.zeros(sequences_bl.shape, bool), max_len_b=jnp.full((rows,), max_decode_length, jnp.int32),
       target_cache=target_cache, draft_cache=draft_cache, draft_lag=jnp.ones((rows,), bool),
       ended=jnp.zeros((rows,), bool), generated=jnp.zeros(sequences_bl.shape, bool),
       rng=jax.random.PRNGKey(0), log_prob=jnp.zeros((rows,), jnp.float32), stats={})
@@ -645,4 +642,4 @@ def widened_decode_fn(width: int) -> Callable[..., Any]:
 
     return decoding.temperature_sample(**dict(kwargs, tokens_to_logits=wide))
 
-  return decode
+  return decoding.declare_kind(decoding.AUTOREGRESSIVE)(decode)

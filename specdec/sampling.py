@@ -49,8 +49,7 @@ def validate_sampling_args(temperature: Scalar = 1.0, topk: int = 0,
     if not 0.0 <= float(topp) <= 1.0:
       raise ValueError(f'topp must be in [0, 1], got {float(topp)}.')
     if topk and float(topp):
-      raise ValueError('At most one of `topk` or `topp` may be non-zero '
-                       f'(got topk={topk}, topp={float(topp)}).')
+      raise ValueError(f'Use top-k or top-p, not both (topk={topk}, topp={float(topp)}).')
   if not isinstance(lenience, (float, int)) or not 0.0 < lenience <= 1.0:
     raise ValueError(f'lenience must be a float in (0, 1], got {lenience!r}.')
 
@@ -110,18 +109,20 @@ def _topp_mask(logits_xv: jax.Array, topp: Scalar) -> jax.Array:
 
 
 def is_greedy(temperature: Scalar) -> jax.Array:
+  """Whether the temperature means argmax decoding, as a (possibly traced) bool array."""
   return jnp.asarray(temperature) <= MIN_TEMPERATURE
 
 
-def static_greedy(temperature: Scalar) -> bool | None:
-  """True / False when argmax decoding is known at trace time, None if not.
+def static_greedy(temperature: Scalar) -> bool:
+  """Whether argmax decoding is known at trace time.
 
-  Greedy when the temperature is a concrete number <= MIN_TEMPERATURE (p is
-  then the one-hot of argmax(logits)). A traced temperature leaves it to run
-  time (None). (topk=1 is not taken as greedy: exact ties keep several tokens.)
+  True when the temperature is a concrete number (or array) <= MIN_TEMPERATURE
+  (p is then the one-hot of argmax(logits)); False when it is larger or traced
+  (a traced temperature decides at run time, see `is_greedy`). (topk=1 is not
+  taken as greedy: exact ties keep several tokens.)
   """
   if isinstance(temperature, jax.core.Tracer):
-    return None
+    return False
   return bool(np.all(np.asarray(temperature) <= MIN_TEMPERATURE))
 
 
@@ -320,7 +321,7 @@ def verify(rng: jax.Array,
   if target_logp_bgv.shape[1] != gamma + 1:
     raise ValueError(f'target_logp_bgv must hold γ+1 = {gamma + 1} positions, '
                      f'got {target_logp_bgv.shape[1]}.')
-  if greedy is True and lenience == 1.0:
+  if isinstance(greedy, bool) and greedy and lenience == 1.0:
     return verify_greedy(drafts_bg, target_logp_bgv, forced_bg, num_drafted_b)
   if draft_logq_bgv is None:
     raise ValueError('draft_logq_bgv is needed unless greedy is True and lenience == 1.')

@@ -2,7 +2,8 @@
 
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
-from specdec import tasks
+from specdec import reporting
+from specdec import task_names
 
 # PAPER.md Table 2 (T5-XXL target): (task, drafter, temperature) -> (γ, α, speedup).
 PAPER_TABLE2: Dict[Tuple[str, str, float], Tuple[int, float, float]] = {
@@ -26,19 +27,15 @@ PAPER_DRAFTER_FOR = {'d3': 'small', 'd2': 'base', 'd1': 'large', 'd1kd': 'large'
                      'unigram': 'unigram', 'bigram': 'bigram',
                      'small': 'small', 'base': 'base', 'large': 'large',
                      't5_1_1_small': 'small', 't5_1_1_base': 'base', 't5_1_1_large': 'large'}
-TASK_KIND = {tasks.ENDE_LOCAL_TASK: 'ende', tasks.WMT_ENDE_TASK: 'ende',
-             tasks.SUMMARIZE_LOCAL_TASK: 'cnndm', tasks.CNN_DAILYMAIL_TASK: 'cnndm'}
-TASK_LABEL = {tasks.ENDE_LOCAL_TASK: 'En→De (DDTP)', tasks.SUMMARIZE_LOCAL_TASK: 'summ. (DDTP)',
-              tasks.WMT_ENDE_TASK: 'EnDe (WMT)', tasks.CNN_DAILYMAIL_TASK: 'CNNDM'}
+TASK_KIND = {task_names.ENDE_LOCAL_TASK: 'ende', task_names.WMT_ENDE_TASK: 'ende',
+             task_names.SUMMARIZE_LOCAL_TASK: 'cnndm', task_names.CNN_DAILYMAIL_TASK: 'cnndm'}
+TASK_LABEL = {task_names.ENDE_LOCAL_TASK: 'En→De (DDTP)', task_names.SUMMARIZE_LOCAL_TASK: 'summ. (DDTP)',
+              task_names.WMT_ENDE_TASK: 'EnDe (WMT)', task_names.CNN_DAILYMAIL_TASK: 'CNNDM'}
 
 
 def paper_row(task: str, drafter: str, temperature: float) -> Optional[Tuple[int, float, float]]:
   key = (TASK_KIND.get(task), PAPER_DRAFTER_FOR.get(drafter), float(temperature))
   return PAPER_TABLE2.get(key)
-
-
-def fmt(x: Any, spec: str = '.2f', none: str = '-') -> str:
-  return none if x is None else format(x, spec)
 
 
 def table2_markdown(summaries: Sequence[Mapping[str, Any]], title: str = 'Table 2 analogue') -> str:
@@ -56,7 +53,7 @@ def table2_markdown(summaries: Sequence[Mapping[str, Any]], title: str = 'Table 
     paper_text = (f"T5-{PAPER_DRAFTER_FOR.get(s['drafter'])}: {paper[0]}, {paper[1]:.2f}, {paper[2]:.1f}×"
                   if paper else '-')
     needed_by = s.get('alpha_needed', {})  # None for a target no α reaches; missing in older summaries
-    needed = ' / '.join(fmt(needed_by[k], none='unreachable') if k in needed_by else '-'
+    needed = ' / '.join(reporting.fmt(needed_by[k], none='unreachable') if k in needed_by else '-'
                         for k in ('1.5', '2.0'))
     identical = ('-' if s.get('identical_rate') is None
                  else f"{100 * s['identical_rate']:.0f}%")
@@ -65,9 +62,10 @@ def table2_markdown(summaries: Sequence[Mapping[str, Any]], title: str = 'Table 
         f"{s['setting'].get('batch_size', 1)} | "
         f"{s['alpha_accept']:.2f} | {s['alpha_overlap']:.2f} | {s['tokens_per_target_call']:.2f} | "
         f"{s['costs']['c']:.3f} | {s['costs']['verify_cost_ratio']:.2f} | "
-        f"{fmt((s.get('in_loop') or {}).get('c_in_loop'), '.3f')} | "
-        f"{fmt((s.get('in_loop') or {}).get('round_fixed_in_loop'))} | {s['predicted_speedup_thm38']:.2f}× | "
-        f"{s['predicted_speedup_costs']:.2f}× | {fmt(s.get('predicted_speedup_in_loop'), '.2f')}"
+        f"{reporting.fmt((s.get('in_loop') or {}).get('c_in_loop'), '.3f')} | "
+        f"{reporting.fmt((s.get('in_loop') or {}).get('round_fixed_in_loop'))} | "
+        f"{s['predicted_speedup_thm38']:.2f}× | "
+        f"{s['predicted_speedup_costs']:.2f}× | {reporting.fmt(s.get('predicted_speedup_in_loop'), '.2f')}"
         f"{'×' if s.get('predicted_speedup_in_loop') is not None else ''} | "
         f"**{s['speedup']:.2f}×** | {needed} | {identical} | "
         f"{s['examples']} | "
@@ -107,7 +105,7 @@ def table3_markdown(alphas: Mapping[Tuple[str, str], Mapping[float, float]],
     for d in drafters:
       got = alphas.get((task, d), {})
       paper = PAPER_TABLE3.get((TASK_KIND.get(task), PAPER_DRAFTER_FOR.get(d, d)))
-      text = f"{fmt(got.get(0.0))} / {fmt(got.get(1.0))}"
+      text = f"{reporting.fmt(got.get(0.0))} / {reporting.fmt(got.get(1.0))}"
       if paper:
         text += f' ({paper[0]:.2f} / {paper[1]:.2f})'
       cells.append(text)

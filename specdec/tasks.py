@@ -54,12 +54,18 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
-from specdec import corpora
 from specdec import fileio
 from specdec.corpora import SUMMARIZE_PREFIX
 from specdec.corpora import SUMMARIZATION_CORPUS
 from specdec.corpora import TRANSLATE_PREFIX
 from specdec.corpora import TRANSLATION_CORPUS
+from specdec.task_names import CNN_DAILYMAIL_TASK
+from specdec.task_names import ENDE_LOCAL_TASK
+from specdec.task_names import LOCAL_MIXTURE
+from specdec.task_names import LOCAL_TASKS
+from specdec.task_names import PAPER_TASKS
+from specdec.task_names import SUMMARIZE_LOCAL_TASK
+from specdec.task_names import WMT_ENDE_TASK
 
 # --------------------------------------------------------------------------
 # Paths and names.
@@ -85,14 +91,6 @@ SPLITS = ("train", "validation", "test")
 PROVENANCE_FIELDS = ("source_package", "package", "kind", "origin",
                      "description_md5")
 
-ENDE_LOCAL_TASK = "specdec_ende_local"
-SUMMARIZE_LOCAL_TASK = "specdec_summarize_local"
-LOCAL_MIXTURE = "specdec_local_mix"
-LOCAL_TASKS = (ENDE_LOCAL_TASK, SUMMARIZE_LOCAL_TASK)
-
-WMT_ENDE_TASK = "specdec_wmt_ende"
-CNN_DAILYMAIL_TASK = "specdec_cnn_dailymail"
-PAPER_TASKS = (WMT_ENDE_TASK, CNN_DAILYMAIL_TASK)
 WMT_ENDE_TFDS_NAME = "wmt_t2t_translate/de-en:1.0.0"
 CNN_DAILYMAIL_TFDS_NAME = "cnn_dailymail:3.4.0"
 TFDS_DATA_DIR = None  # None: TFDS's default (or $TFDS_DATA_DIR).
@@ -219,7 +217,7 @@ def count_jsonl_rows(path: str) -> int:
   """Number of rows of a JSONL file, every line checked (cached on path/size/mtime).
 
   Raises ValueError naming the file and line of the first line that is not
-  UTF-8 or not a JSON object (corpora.iter_jsonl_rows): TensorFlow would
+  UTF-8 or not a JSON object (fileio.iter_jsonl_rows): TensorFlow would
   report it from inside the input pipeline, without either.
   """
   stat = tf.io.gfile.stat(path)
@@ -228,7 +226,7 @@ def count_jsonl_rows(path: str) -> int:
     if key in _LINE_COUNTS:
       return _LINE_COUNTS[key]
   with tf.io.gfile.GFile(path, "rb") as f:
-    n = corpora.count_jsonl_rows(f, path)
+    n = fileio.count_jsonl_rows(f, path)
   with _LINE_COUNTS_LOCK:
     _LINE_COUNTS[key] = n
   return n

@@ -1,8 +1,12 @@
 """Training T5 1.1 networks on seqio tasks (gin-configured, resumable, sharded).
 
   python -m specdec.train --gin_file=train/cpu_target.gin --gin.MODEL_DIR="'runs/target'"
-  python -m specdec.train --multihost --gin_file=... --gin.train.train.num_partitions=8   (TPU pod slice)
+  python -m specdec.train --multihost --gin_file=... \
+      --gin.train_config.PartitioningConfig.num_partitions=8   (TPU pod slice)
 
+A run is a `train_config.TrainConfig` (gin-configured; `train(model_dir,
+network_config, **settings)` builds one from flat settings in Python) that a
+`Trainer` runs: the train step, the loop, the run records and the export.
 Adafactor (T5X's default) or AdamW through optax, with T5's inverse square root
 schedule or a constant rate (T5X's fine-tuning default); seqio
 EncDecFeatureConverter with packing; a jit-compiled train step over a
@@ -45,7 +49,7 @@ import sys
 import time
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # seqio's TensorFlow is chatty.
-from typing import Any, Dict, Iterator, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, Mapping, Optional, Tuple
 
 import gin
 import jax
@@ -61,9 +65,13 @@ from specdec import distill
 from specdec import evaluation
 from specdec import fileio
 from specdec import gin_utils
+from specdec import memory
 from specdec import models
 from specdec import network
 from specdec import partitioning
+from specdec import sharded_decoding
+from specdec import tasks  # registers the seqio tasks the gin files train on
+from specdec import train_config
 
 PyTree = Any
 BATCH_KEYS = ('encoder_input_tokens', 'decoder_input_tokens',
@@ -289,9 +297,9 @@ def _fresh_state(optimizer, params):
 def _layout_line(mesh, specs, shapes) -> str:
   """'Mesh {...}: params + optimizer state X MiB per device (Y MiB in all).'"""
   axis_sizes = partitioning.mesh_axis_sizes(mesh)
-  per_device = partitioning.bytes_per_device(shapes, specs, axis_sizes)
+  per_device = memory.bytes_per_device(shapes, specs, axis_sizes)
   return (f'Mesh {axis_sizes}: params + optimizer state {per_device / 2**20:,.1f} MiB per '
-          f'device ({partitioning.total_bytes(shapes) / 2**20:,.1f} MiB in all).')
+          f'device ({memory.total_bytes(shapes) / 2**20:,.1f} MiB in all).')
 
 
 def _put_replicated(x, sharding):
@@ -306,16 +314,9 @@ def _append_log(path, record):
   fileio.append_text(path, json.dumps(record) + '\n')
 
 
-def _read_jsonl(path) -> list:
-  if not fileio.exists(path):
-    return []
-  with fileio.open(path) as f:
-    return [json.loads(line) for line in f.read().split('\n') if line.strip()]
-
-
-def _write_jsonl(path, records) -> None:
-  """Replaces `path` atomically: a kill leaves the old or the new file, never half."""
-  checkpoints.atomic_write(path, ''.join(json.dumps(r) + '\n' for r in records).encode())
+def _rows_or_empty(path) -> list:
+  """The rows of JSON Lines file `path`; none when there is no file yet (a first run)."""
+  return fileio.read_jsonl(path) if fileio.exists(path) else []
 
 
 def drop_log_after(log_path, step) -> int:
@@ -324,10 +325,10 @@ def drop_log_after(log_path, step) -> int:
   A killed run logged steps after its last checkpoint; the resumed run logs
   them again, so without this they would appear twice.
   """
-  records = _read_jsonl(log_path)
+  records = _rows_or_empty(log_path)
   kept = [r for r in records if r.get('step', 0) <= step]
   if len(kept) < len(records):
-    _write_jsonl(log_path, kept)
+    fileio.write_jsonl(log_path, kept)
   return len(records) - len(kept)
 
 
@@ -340,13 +341,13 @@ def put_run_record(runs_path, record) -> None:
   """
   records = [dict(r, status='interrupted')
              if r.get('status') == 'running' and r.get('run_id') != record['run_id'] else r
-             for r in _read_jsonl(runs_path)]
+             for r in _rows_or_empty(runs_path)]
   ids = [r.get('run_id') for r in records]
   if record['run_id'] in ids:
     records[ids.index(record['run_id'])] = record
   else:
     records.append(record)
-  _write_jsonl(runs_path, records)
+  fileio.write_jsonl(runs_path, records)
 
 
 def _first_line(error: BaseException, limit: int = 300) -> str:
@@ -418,258 +419,316 @@ def restore_latest_good(manager, abstract, damaged_dir):
   return None, None
 
 
-def train(model_dir: str,
-          config: network.T5Config,
-          mixture_or_task_name: str = 'specdec_local_mix',
-          feature_lengths: Mapping[str, int] = (('inputs', 128), ('targets', 64)),
-          batch_size: int = 32,
-          num_steps: int = 2000,
-          seed: int = 0,
-          z_loss: float = 1e-4,
-          checkpoint_every: int = 200,
-          log_every: int = 20,
-          eval_every: int = 500,
-          eval_batches: int = 8,
-          eval_decode_tasks: Sequence[str] = ('specdec_ende_local', 'specdec_summarize_local'),
-          eval_decode_examples: int = 64,
-          teacher_dir: Optional[str] = None,
-          distill_weight: float = 0.5,
-          divergence: str = 'fkl',
-          max_minutes: Optional[float] = None,
-          export_dir: Optional[str] = None,
-          init_from_dir: Optional[str] = None,
-          init_matching_only: bool = False,
-          corpus_dir: Optional[str] = None,
-          num_partitions: int = 1,
-          parameter_partitioning_dims: int = 1,
-          init_from_t5x: Optional[str] = None) -> Dict[str, Any]:
-  """Trains `config` on a seqio mixture; resumes from `model_dir` if it holds checkpoints.
+class Trainer:
+  """One training run of a TrainConfig: layout, state, step, loop, run records, export.
 
-  Without checkpoints, `init_from_dir` (a compact model of the same config)
-  starts training from those params with a fresh optimizer state and step
-  counter (to continue a shipped model when its checkpoints are gone). With
-  `init_matching_only`, the config may differ: every parameter whose path and
-  shape exist in both starts from `init_from_dir`, the rest fresh (e.g. a
-  one-decoder-layer drafter from a two-layer one's embeddings, encoder and
-  first decoder layer).
-  `init_from_t5x` (instead) starts from a T5X checkpoint (`checkpoint_<step>/`,
-  local or gs://, e.g. gs://t5-data/pretrained_models/t5x/t5_1_1_xxl/checkpoint_1000000),
-  read straight into the params' shards, with a fresh optimizer state and
-  step counter; its vocabulary size must be config.vocab_size.
-  `corpus_dir` (re)registers the local tasks on that corpus first (e.g. a
-  distillation corpus from scripts/build_distill_corpus.py); default: the
-  tasks as registered ($SPECDEC_CORPUS_DIR or data/corpus).
-  `num_partitions`: devices per model-parallel group (the mesh's 'model'
-  axis; 'data' gets the rest); `parameter_partitioning_dims=2` also shards
-  the params' embed axis over 'data' (T5X's 2-D parameter partitioning).
-  `batch_size` is global: it must divide over the 'data' axis.
-
-  Returns the final evaluation record.
+  Building it checks everything that can be checked before any work (task
+  vocabulary, mesh layout, init checkpoint, teacher) and writes nothing but
+  model_dir; `run()` restores or initialises the state, trains to
+  config.num_steps (or max_minutes), evaluates, and exports.
   """
-  from specdec import tasks  # pylint: disable=g-import-not-at-top,unused-import
-  if corpus_dir is not None:
-    if not os.path.isdir(corpus_dir):
-      raise FileNotFoundError(f'corpus_dir={corpus_dir!r} does not exist.')
-    tasks.register_local_tasks(corpus_dir)
-  feature_lengths = dict(feature_lengths)
-  check_mesh_args(batch_size, num_partitions, parameter_partitioning_dims, jax.device_count())
-  if init_from_t5x and init_from_dir:
-    raise ValueError('Give init_from_dir or init_from_t5x, not both.')
-  _check_task_vocabulary(mixture_or_task_name, config)
-  mesh = partitioning.make_mesh(num_partitions)
-  rules = train_rules(parameter_partitioning_dims)
-  module = network.Transformer(config)
-  optimizer = _configured(make_optimizer)()
-  # Layout and the init checkpoint are checked before anything is written.
-  specs = state_specs(config, optimizer, rules, partitioning.mesh_axis_sizes(mesh))
-  shardings = partitioning.named_shardings(mesh, specs)
-  if init_from_t5x:
-    init_from_t5x = checkpoints.check_t5x_checkpoint(init_from_t5x, config)
-  fileio.makedirs(model_dir)  # local or gs:// (then Orbax writes there too)
-  chief = jax.process_index() == 0  # writes the logs, run records and export
-  log_path = fileio.join(model_dir, 'train_log.jsonl')
-  distill.get_divergence(divergence)  # a bad name fails before any work
-  teacher = None
-  if teacher_dir:
+
+  def __init__(self, config: train_config.TrainConfig):
+    self.config = config
+    self.feature_lengths = dict(config.data.feature_lengths)
+    self._check_settings()
+    self._lay_out()
+    fileio.makedirs(config.model_dir)  # local or gs:// (then Orbax writes there too)
+    self.chief = jax.process_index() == 0  # writes the logs, run records and export
+    self.log_path = fileio.join(config.model_dir, 'train_log.jsonl')
+    self.runs_path = fileio.join(config.model_dir, 'runs.jsonl')
+    distill.get_divergence(config.distill.divergence)  # a bad name fails before any work
+    self.teacher = self._teacher()
+    self.state, self.manager, self.run_record = None, None, None
+
+  def _check_settings(self) -> None:
+    """Registers corpus_dir's tasks; ValueError for a mesh, init or vocabulary that cannot be."""
+    config = self.config
+    data, partition, init = config.data, config.partitioning, config.init
+    if data.corpus_dir is not None:
+      if not os.path.isdir(data.corpus_dir):
+        raise FileNotFoundError(f'corpus_dir={data.corpus_dir!r} does not exist.')
+      tasks.register_local_tasks(data.corpus_dir)
+    check_mesh_args(data.batch_size, partition.num_partitions,
+                    partition.parameter_partitioning_dims, jax.device_count())
+    if init.init_from_t5x and init.init_from_dir:
+      raise ValueError('Give init_from_dir or init_from_t5x, not both.')
+    _check_task_vocabulary(data.mixture_or_task_name, config.network_config)
+
+  def _lay_out(self) -> None:
+    """The mesh, the optimizer and the state's shardings; checks the layout and the T5X checkpoint."""
+    config = self.config
+    network_config, partition = config.network_config, config.partitioning
+    self.mesh = partitioning.make_mesh(partition.num_partitions)
+    self.rules = train_rules(partition.parameter_partitioning_dims)
+    self.module = network.Transformer(network_config)
+    self.optimizer = _configured(make_optimizer)()
+    self.specs = state_specs(network_config, self.optimizer, self.rules,
+                             partitioning.mesh_axis_sizes(self.mesh))
+    self.shardings = partitioning.named_shardings(self.mesh, self.specs)
+    init_from_t5x = config.init.init_from_t5x
+    self.init_from_t5x = (checkpoints.check_t5x_checkpoint(init_from_t5x, network_config)
+                          if init_from_t5x else init_from_t5x)
+    self.replicated = NamedSharding(self.mesh, PartitionSpec())
+    self.data_sharding = NamedSharding(
+        self.mesh, _batch_spec(self.mesh, self.rules, config.data.batch_size))
+    self.shapes = state_shapes(network_config, self.optimizer)
+    print(_layout_line(self.mesh, self.specs, self.shapes), flush=True)
+
+  def _teacher(self):
+    """(module, params) of the distillation teacher, or None."""
+    teacher_dir = self.config.distill.teacher_dir
+    if not teacher_dir:
+      return None
     teacher_config, teacher_params = checkpoints.load_compact(teacher_dir)
-    if teacher_config.vocab_size != config.vocab_size:
+    vocab_size = self.config.network_config.vocab_size
+    if teacher_config.vocab_size != vocab_size:
       raise ValueError(f'Teacher vocab_size {teacher_config.vocab_size} != '
-                       f'student vocab_size {config.vocab_size}.')
-    teacher = (network.Transformer(teacher_config), teacher_params)
+                       f'student vocab_size {vocab_size}.')
+    return network.Transformer(teacher_config), teacher_params
 
-  replicated = NamedSharding(mesh, PartitionSpec())
-  data_sharding = NamedSharding(mesh, _batch_spec(mesh, rules, batch_size))
-  shapes = state_shapes(config, optimizer)
-  print(_layout_line(mesh, specs, shapes), flush=True)
+  # ---------------------------------------------------------------------------
+  # The state: restored from the latest good checkpoint, or initialised.
+  # ---------------------------------------------------------------------------
 
-  def initial_params():
+  def _initial_params(self):
     """Params laid out on the mesh: fresh (initialised in their shards) or from a checkpoint."""
-    if init_from_t5x:
-      print(f'Initialising params from the T5X checkpoint {init_from_t5x}.', flush=True)
-      return checkpoints.restore_params(init_from_t5x, config, shardings=shardings['params'])
-    if not init_from_dir:
-      init = jax.jit(functools.partial(network.init_params, config),
-                     out_shardings=shardings['params'])
-      return init(jax.random.PRNGKey(seed))
-    init_config, params = checkpoints.load_compact(init_from_dir)
-    if init_matching_only:
-      params = _matching_params(network.init_params(config, jax.random.PRNGKey(seed)), params,
-                                init_from_dir)
+    config, init = self.config.network_config, self.config.init
+    shardings = self.shardings['params']
+    if self.init_from_t5x:
+      print(f'Initialising params from the T5X checkpoint {self.init_from_t5x}.', flush=True)
+      return checkpoints.restore_params(self.init_from_t5x, config, shardings=shardings)
+    if not init.init_from_dir:
+      fresh = jax.jit(functools.partial(network.init_params, config), out_shardings=shardings)
+      return fresh(jax.random.PRNGKey(self.config.seed))
+    init_config, params = checkpoints.load_compact(init.init_from_dir)
+    if init.init_matching_only:
+      params = _matching_params(network.init_params(config, jax.random.PRNGKey(self.config.seed)),
+                                params, init.init_from_dir)
     elif init_config != config:
-      raise ValueError(f'init_from_dir={init_from_dir} holds a different '
+      raise ValueError(f'init_from_dir={init.init_from_dir} holds a different '
                        f'config: {init_config} vs {config}.')
-    return partitioning.put_tree(params, shardings['params'])
+    return partitioning.put_tree(params, shardings)
 
-  checkpoint_dir = fileio.join(model_dir, 'checkpoints')
-  manager = checkpoints.training_checkpoint_manager(checkpoint_dir)
-  # Restored straight into this mesh's shardings, whatever mesh wrote it.
-  abstract = abstract_state(shapes, shardings)
-  listed = manager.latest_step()
-  latest, state = restore_latest_good(manager, abstract,
-                                      fileio.join(model_dir, 'damaged_checkpoints'))
-  if latest != listed:  # damaged steps were moved away: let Orbax re-read the directory
-    manager.close()
+  def _restore_or_init(self) -> int:
+    """Sets self.state (on the mesh) and self.manager; returns the step training starts at."""
+    model_dir = self.config.model_dir
+    checkpoint_dir = fileio.join(model_dir, 'checkpoints')
     manager = checkpoints.training_checkpoint_manager(checkpoint_dir)
-  if latest is not None:
-    print(f'Resumed from {model_dir} at step {latest}.', flush=True)
-  else:
-    # The optimizer state is made in its shards too: no host holds it whole.
-    state = jax.jit(functools.partial(_fresh_state, optimizer),
-                    out_shardings=shardings, donate_argnums=(0,))(initial_params())
-  state = jax.device_put(state, shardings)
-  start_step = int(state['step'])
-  # Steps a killed run logged after its last checkpoint are trained again now.
-  dropped = drop_log_after(log_path, start_step) if chief else 0
-  if dropped:
-    print(f'Dropped {dropped} records past step {start_step} from {log_path} '
-          '(logged after the last checkpoint; they are trained again).', flush=True)
+    # Restored straight into this mesh's shardings, whatever mesh wrote it.
+    abstract = abstract_state(self.shapes, self.shardings)
+    listed = manager.latest_step()
+    latest, state = restore_latest_good(manager, abstract,
+                                        fileio.join(model_dir, 'damaged_checkpoints'))
+    if latest != listed:  # damaged steps were moved away: let Orbax re-read the directory
+      manager.close()
+      manager = checkpoints.training_checkpoint_manager(checkpoint_dir)
+    if latest is not None:
+      print(f'Resumed from {model_dir} at step {latest}.', flush=True)
+    else:
+      # The optimizer state is made in its shards too: no host holds it whole.
+      state = jax.jit(functools.partial(_fresh_state, self.optimizer),
+                      out_shardings=self.shardings, donate_argnums=(0,))(self._initial_params())
+    self.state = jax.device_put(state, self.shardings)
+    self.manager = manager
+    return int(self.state['step'])
 
-  grad_fn = jax.value_and_grad(functools.partial(
-      loss_fn, module=module, z_loss=z_loss, teacher=teacher,
-      distill_weight=distill_weight, divergence=divergence), has_aux=True)
+  # ---------------------------------------------------------------------------
+  # The compiled functions.
+  # ---------------------------------------------------------------------------
 
-  def train_step(state, batch, rng):
-    (loss, metrics), grads = grad_fn(state['params'], batch, rng)
-    updates, opt_state = optimizer.update(grads, state['opt_state'], state['params'])
-    params = optax.apply_updates(state['params'], updates)
-    metrics = dict(metrics, loss=loss,
-                   grad_norm=optax.tree_utils.tree_norm(grads))
-    return {'step': state['step'] + 1, 'params': params, 'opt_state': opt_state}, metrics
+  def _compiled_train_step(self):
+    """state, batch, rng -> (state, metrics), jit-compiled over the mesh (the state donated)."""
+    distilling = self.config.distill
+    loss = functools.partial(loss_fn, module=self.module, z_loss=self.config.z_loss,
+                             teacher=self.teacher, distill_weight=distilling.distill_weight,
+                             divergence=distilling.divergence)
+    grad_fn = jax.value_and_grad(loss, has_aux=True)
+    optimizer = self.optimizer
 
-  train_step = jax.jit(train_step, in_shardings=(shardings, data_sharding, replicated),
-                       out_shardings=(shardings, replicated), donate_argnums=(0,))
+    def train_step(state, batch, rng):
+      (loss, metrics), grads = grad_fn(state['params'], batch, rng)
+      updates, opt_state = optimizer.update(grads, state['opt_state'], state['params'])
+      params = optax.apply_updates(state['params'], updates)
+      metrics = dict(metrics, loss=loss, grad_norm=optax.tree_utils.tree_norm(grads))
+      return {'step': state['step'] + 1, 'params': params, 'opt_state': opt_state}, metrics
 
-  eval_step = jax.jit(functools.partial(eval_loss, module))
-  # Every host reads the whole (small) validation set: the same global batches.
-  eval_data = [partitioning.put_tree(b, _batch_shardings(mesh, rules, b))
-               for b in itertools.islice(train_batches(
-                   mixture_or_task_name, feature_lengths, batch_size, seed=0, pack=True,
-                   split='validation', num_epochs=1), eval_batches)]
-  baseline = models.SpeculativeEncoderDecoderModel(
-      module, None, decode_fn=decoding.temperature_sample)
-  sharded_predict = partitioning.compile_predict_sharded(baseline, mesh, rules,
-                                                         {'temperature': 0.0})
+    return jax.jit(train_step, in_shardings=(self.shardings, self.data_sharding, self.replicated),
+                   out_shardings=(self.shardings, self.replicated), donate_argnums=(0,))
 
-  def predict(params, batch, rng):
-    return partitioning.to_host(sharded_predict(params, batch, rng))
+  def _prepare_evaluation(self) -> None:
+    """The eval step, the validation batches (on the mesh) and the sharded greedy predict."""
+    data, evaluating = self.config.data, self.config.evaluation
+    self.eval_step = jax.jit(functools.partial(eval_loss, self.module))
+    # Every host reads the whole (small) validation set: the same global batches.
+    self.eval_data = [
+        partitioning.put_tree(b, _batch_shardings(self.mesh, self.rules, b))
+        for b in itertools.islice(train_batches(
+            data.mixture_or_task_name, self.feature_lengths, data.batch_size, seed=0, pack=True,
+            split='validation', num_epochs=1), evaluating.eval_batches)]
+    baseline = models.SpeculativeEncoderDecoderModel(
+        self.module, None, decode_fn=decoding.temperature_sample)
+    self.sharded_predict = sharded_decoding.compile_predict_sharded(
+        baseline, self.mesh, self.rules, {'temperature': 0.0})
 
-  def evaluate(step):
+  def _predict(self, params, batch, rng):
+    return partitioning.to_host(self.sharded_predict(params, batch, rng))
+
+  def evaluate(self, step: int) -> Dict[str, Any]:
+    """Validation loss and decode scores of the current params; logged (kind 'eval') and returned."""
+    evaluating = self.config.evaluation
+    params = self.state['params']
     total, count = 0.0, 0.0
-    for batch in eval_data:
-      s, c = eval_step(state['params'], batch)
+    for batch in self.eval_data:
+      s, c = self.eval_step(params, batch)
       total, count = total + float(s), count + float(c)
     record = {'step': step, 'eval_loss': total / max(count, 1)}
-    for task_name in eval_decode_tasks:
-      if not eval_decode_examples:
+    for task_name in evaluating.eval_decode_tasks:
+      if not evaluating.eval_decode_examples:
         break
       result = evaluation.decode_and_score(
-          predict, {'target': state['params']}, task_name, 'validation',
-          feature_lengths, batch_size=min(batch_size, 32),
-          max_examples=eval_decode_examples)
+          self._predict, {'target': params}, task_name, 'validation',
+          self.feature_lengths, batch_size=min(self.config.data.batch_size, 32),
+          max_examples=evaluating.eval_decode_examples)
       record.update({f'{task_name}/{k}': v for k, v in result['metrics'].items()})
     print('eval ' + json.dumps(record), flush=True)
-    if chief:
-      _append_log(log_path, dict(record, kind='eval'))
+    if self.chief:
+      _append_log(self.log_path, dict(record, kind='eval'))
     return record
 
-  # Each host loads its rows of every batch; hosts of one model-parallel group the same.
-  shard = partitioning.host_batch_shard(mesh.devices, batch_size, jax.process_index())
-  # A resumed run reshuffles with a seed derived from the step it resumes at.
-  data = train_batches(mixture_or_task_name, feature_lengths, batch_size // shard[1],
-                       seed=seed + start_step, shard=shard)
-  progress = _Progress(num_steps, start_step)
-  rng = jax.random.fold_in(jax.random.PRNGKey(seed), start_step)
-  deadline = None if max_minutes is None else time.time() + 60 * max_minutes
-  record, tokens = None, 0
-  step = start_step
-  run_started = time.time()
-  runs_path = fileio.join(model_dir, 'runs.jsonl')
-  run_record = {
-      'run_id': f'{run_started:.6f}-{os.getpid()}',
-      'started': time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(run_started)),
-      'command': ' '.join(['python -m specdec.train'] + sys.argv[1:]),
-      'from_step': start_step}
+  # ---------------------------------------------------------------------------
+  # Run records: train_log.jsonl and runs.jsonl.
+  # ---------------------------------------------------------------------------
 
-  def note_run(to_step, status='running'):
+  def _start_run_record(self, start_step: int) -> None:
+    """Drops log records a killed run left past `start_step`; writes this run's record."""
+    # Steps a killed run logged after its last checkpoint are trained again now.
+    dropped = drop_log_after(self.log_path, start_step) if self.chief else 0
+    if dropped:
+      print(f'Dropped {dropped} records past step {start_step} from {self.log_path} '
+            '(logged after the last checkpoint; they are trained again).', flush=True)
+    self.run_started = time.time()
+    self.run_record = {
+        'run_id': f'{self.run_started:.6f}-{os.getpid()}',
+        'started': time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(self.run_started)),
+        'command': ' '.join(['python -m specdec.train'] + sys.argv[1:]),
+        'from_step': start_step}
+    self._note_run(start_step)
+
+  def _note_run(self, to_step: int, status: str = 'running') -> None:
     """(Re)writes this run's runs.jsonl record: a killed run keeps its last checkpoint."""
-    run_record.update(to_step=to_step, status=status,
-                      minutes=(time.time() - run_started) / 60)
-    if chief:
-      put_run_record(runs_path, run_record)
+    self.run_record.update(to_step=to_step, status=status,
+                           minutes=(time.time() - self.run_started) / 60)
+    if self.chief:
+      put_run_record(self.runs_path, self.run_record)
 
-  note_run(start_step)
-  while step < num_steps:
-    local_batch = next(data)
-    batch = partitioning.global_batch(local_batch, data_sharding, batch_size)
-    # This host's tokens (the progress line's rate is per host).
-    tokens += int(np.sum(local_batch['decoder_loss_weights'])) + int(
-        np.sum(local_batch['encoder_input_tokens'] > 0))
-    rng, step_rng = jax.random.split(rng)
-    state, metrics = train_step(state, batch, _put_replicated(step_rng, replicated))
-    step += 1
-    if step % log_every == 0 or step == num_steps:
-      metrics = jax.tree_util.tree_map(float, metrics)
-      print(progress.line(step, metrics['loss'], tokens), flush=True)
-      if chief:
-        _append_log(log_path, dict(metrics, step=step, kind='train',
-                                   tokens_per_s=progress.tokens / max(
-                                       time.perf_counter() - progress.t0, 1e-9)))
-      tokens = 0
-    if step % checkpoint_every == 0 or step == num_steps:
-      manager.save(step, args=_standard_save(state))
-      note_run(step)
-    if step % eval_every == 0:
-      record = evaluate(step)
-    if deadline and time.time() > deadline:
-      print(f'Stopping at step {step}: max_minutes={max_minutes} reached; '
-            'run again to resume.', flush=True)
-      if step not in manager.all_steps():
-        manager.save(step, args=_standard_save(state), force=True)
-      break
-  manager.wait_until_finished()
-  note_run(step, 'finished' if step >= num_steps else 'stopped')
-  if record is None or record['step'] != step:
-    record = evaluate(step)
-  if export_dir:
+  def _log_train(self, step: int, metrics, progress: '_Progress', tokens: int) -> None:
+    """The progress line, and the step's train_log record (kind 'train')."""
+    metrics = jax.tree_util.tree_map(float, metrics)
+    print(progress.line(step, metrics['loss'], tokens), flush=True)
+    if self.chief:
+      _append_log(self.log_path, dict(metrics, step=step, kind='train',
+                                      tokens_per_s=progress.tokens / max(
+                                          time.perf_counter() - progress.t0, 1e-9)))
+
+  # ---------------------------------------------------------------------------
+  # The loop and the export.
+  # ---------------------------------------------------------------------------
+
+  def _local_batches(self, start_step: int) -> Iterator[Dict[str, np.ndarray]]:
+    """This host's rows of every training batch."""
+    data = self.config.data
+    # Hosts of one model-parallel group load the same rows.
+    shard = partitioning.host_batch_shard(self.mesh.devices, data.batch_size, jax.process_index())
+    # A resumed run reshuffles with a seed derived from the step it resumes at.
+    return train_batches(data.mixture_or_task_name, self.feature_lengths,
+                         data.batch_size // shard[1], seed=self.config.seed + start_step,
+                         shard=shard)
+
+  def _save(self, step: int, force: bool = False) -> None:
+    self.manager.save(step, args=_standard_save(self.state), force=force)
+
+  def _train_loop(self, start_step: int) -> Tuple[int, Optional[Dict[str, Any]]]:
+    """Trains from `start_step`; returns the last step and the last evaluation record (or None)."""
+    config = self.config
+    train_step = self._compiled_train_step()
+    data = self._local_batches(start_step)
+    progress = _Progress(config.num_steps, start_step)
+    rng = jax.random.fold_in(jax.random.PRNGKey(config.seed), start_step)
+    deadline = None if config.max_minutes is None else time.time() + 60 * config.max_minutes
+    record, tokens, step = None, 0, start_step
+    while step < config.num_steps:
+      local_batch = next(data)
+      batch = partitioning.global_batch(local_batch, self.data_sharding, config.data.batch_size)
+      # This host's tokens (the progress line's rate is per host).
+      tokens += int(np.sum(local_batch['decoder_loss_weights'])) + int(
+          np.sum(local_batch['encoder_input_tokens'] > 0))
+      rng, step_rng = jax.random.split(rng)
+      self.state, metrics = train_step(self.state, batch,
+                                       _put_replicated(step_rng, self.replicated))
+      step += 1
+      if step % config.log_every == 0 or step == config.num_steps:
+        self._log_train(step, metrics, progress, tokens)
+        tokens = 0
+      if step % config.checkpoint_every == 0 or step == config.num_steps:
+        self._save(step)
+        self._note_run(step)
+      if step % config.evaluation.eval_every == 0:
+        record = self.evaluate(step)
+      if deadline and time.time() > deadline:
+        print(f'Stopping at step {step}: max_minutes={config.max_minutes} reached; '
+              'run again to resume.', flush=True)
+        if step not in self.manager.all_steps():
+          self._save(step, force=True)
+        break
+    return step, record
+
+  def export(self, step: int, final_eval: Dict[str, Any]) -> None:
+    """Writes the params in the compact format to export_dir, with what made them."""
+    config = self.config
     # Every process takes part in gathering the params; one writes them.
-    params = partitioning.to_host(state['params'])
-    if chief:
-      runs = _read_jsonl(runs_path)
-      checkpoints.save_compact(export_dir, config, params,
-                               extra={'train': {'step': step,
-                                                'mixture_or_task_name': mixture_or_task_name,
-                                                'teacher_dir': teacher_dir,
-                                                'distill_weight': distill_weight if teacher_dir else None,
-                                                'divergence': divergence if teacher_dir else None,
-                                                'corpus_dir': corpus_dir,
-                                                'init_from_dir': init_from_dir,
-                                                'init_from_t5x': init_from_t5x,
-                                                'mesh': partitioning.mesh_axis_sizes(mesh),
-                                                'runs': runs,
-                                                'minutes': sum(r['minutes'] for r in runs),
-                                                'final_eval': record}})
-      print(f'Exported params to {export_dir}.', flush=True)
-  return record
+    params = partitioning.to_host(self.state['params'])
+    if not self.chief:
+      return
+    runs = fileio.read_jsonl(self.runs_path)
+    distilled = bool(config.distill.teacher_dir)
+    checkpoints.save_compact(config.export_dir, config.network_config, params, extra={'train': {
+        'step': step,
+        'mixture_or_task_name': config.data.mixture_or_task_name,
+        'teacher_dir': config.distill.teacher_dir,
+        'distill_weight': config.distill.distill_weight if distilled else None,
+        'divergence': config.distill.divergence if distilled else None,
+        'corpus_dir': config.data.corpus_dir,
+        'init_from_dir': config.init.init_from_dir,
+        'init_from_t5x': self.init_from_t5x,
+        'mesh': partitioning.mesh_axis_sizes(self.mesh),
+        'runs': runs,
+        'minutes': sum(r['minutes'] for r in runs),
+        'final_eval': final_eval}})
+    print(f'Exported params to {config.export_dir}.', flush=True)
+
+  def run(self) -> Dict[str, Any]:
+    """Trains to num_steps (resuming from model_dir), evaluates, exports; returns the final evaluation."""
+    start_step = self._restore_or_init()
+    self._prepare_evaluation()
+    self._start_run_record(start_step)
+    step, record = self._train_loop(start_step)
+    self.manager.wait_until_finished()
+    self._note_run(step, 'finished' if step >= self.config.num_steps else 'stopped')
+    if record is None or record['step'] != step:
+      record = self.evaluate(step)
+    if self.config.export_dir:
+      self.export(step, record)
+    return record
+
+
+def train(model_dir: str, network_config: network.T5Config, **settings: Any) -> Dict[str, Any]:
+  """Trains `network_config` into `model_dir`; returns the final evaluation record.
+
+  `settings` are TrainConfig's fields and its sections' by name
+  (`train_config.from_flat`: batch_size=8, eval_every=100, teacher_dir=...).
+  """
+  return Trainer(train_config.from_flat(model_dir, network_config, **settings)).run()
 
 
 def _check_task_vocabulary(mixture_or_task_name: str, config: network.T5Config) -> None:
@@ -740,16 +799,20 @@ def main(argv=None):
   if multihost:
     partitioning.initialize_multihost(enabled=True)
   try:
-    gin_utils.parse(files, bindings)
+    # A command line of old binds train.train.NAME: refused, naming its TrainConfig binding.
+    gin_utils.parse(files, bindings, renamed=train_config.FORMER_TRAIN_PARAMETERS)
   except gin_utils.GinConfigError as e:  # a typo: one line, not a traceback
     raise SystemExit(f'specdec.train: {e}') from None
-  # The gin files register this module's functions (dynamic registration);
+  stale = train_config.old_bindings()
+  if stale:
+    raise SystemExit(f'specdec.train: a gin file binds train.train.{stale[0]}; bind '
+                     f'{train_config.selector(stale[0])} instead.')
+  # The gin files register train_config's classes (dynamic registration);
   # their configurable versions carry the bindings.
-  gin.get_configurable(train)()
+  Trainer(_configured(train_config.TrainConfig)()).run()
 
 
 if __name__ == '__main__':
-  # Gin configures the functions of `specdec.train` (imported by the gin
-  # files), not this `__main__` copy: run that module's main.
-  from specdec import train as _configured  # pylint: disable=g-import-not-at-top
-  _configured.main()
+  # Gin binds the optimizer functions of `specdec.train`, not of this `__main__` copy.
+  from specdec import train as train_module  # pylint: disable=g-import-not-at-top
+  train_module.main()

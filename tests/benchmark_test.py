@@ -1,7 +1,7 @@
 """Tests for specdec/benchmark.py (CPU, a 1-layer random T5 and the fixture corpus).
 
-The pure parts (buckets, batches, token counts, the summary, the outputs) are checked on hand-made data with
-numbers worked out by hand; the end-to-end `run` uses a tiny random target whose drafter is a copy of it, so
+The pure parts (buckets, batches, token counts, the outputs) are checked on hand-made data with numbers worked
+out by hand (the summary's arithmetic: reporting_test.py); the end-to-end `run` uses a tiny random target whose drafter is a copy of it, so
 greedy speculative decoding must match the baseline exactly and accept every draft (α = 1).
 """
 
@@ -20,8 +20,9 @@ import pytest
 from specdec import benchmark
 from specdec import fingerprint
 from specdec import network
+from specdec import reporting
 from specdec import tasks
-from specdec import theory
+from tests import benchmark_records as hand
 
 TESTDATA = os.path.join(os.path.dirname(__file__), 'testdata', 'tasks')
 FIXTURE_CORPUS = os.path.join(TESTDATA, 'corpus')
@@ -178,171 +179,24 @@ def test_divergence_margin_against_teacher_forcing(tiny):
 
 
 # -----------------------------------------------------------------------------
-# summarize, markdown, write_outputs (hand-made records)
+# write_outputs (hand-made records)
 # -----------------------------------------------------------------------------
-
-GAMMA = 3
-COSTS = {'target_call_s': 0.010, 'verify_call_s': 0.012, 'draft_call_s': 0.002, 'c': 0.2,
-         'verify_cost_ratio': 1.2}
-MISMATCH = {'position': 4, 'baseline_token': 11, 'speculative_token': 12, 'margin': 3e-7, 'top2_gap': 3e-7}
-
-
-def _record(index, batch, baseline_s, speculative_s, calls, accepted_at, judged, drafted, emitted, overlap_sum,
-            overlap_count, tokens, identical=True):
-  rec = {'index': index, 'batch': batch, 'input_length': 10 + index, 'padded_input_length': 16,
-         'baseline_s': baseline_s, 'speculative_s': speculative_s, 'batch_rows': 1,
-         'baseline_tokens': tokens, 'speculative_tokens': tokens, 'identical': identical,
-         'target_calls': calls, 'drafted': drafted, 'judged': judged, 'accepted': int(sum(accepted_at)),
-         'accepted_at': accepted_at, 'overlap_sum': overlap_sum, 'overlap_count': overlap_count,
-         'emitted': emitted, 'baseline_text': 'x', 'speculative_text': 'x', 'reference_text': 'y'}
-  if not identical:
-    rec['mismatch'] = dict(MISMATCH)
-  return rec
-
-
-def _records():
-  # Batch 0 has two rows (batch wall times are stored on both), batch 1 one row: summing every record
-  # instead of one per batch would give (0.8 + 0.3) / (0.4 + 0.25) = 1.69, not 0.7 / 0.45.
-  return [
-      _record(0, 0, 0.4, 0.2, calls=2, accepted_at=[2, 1, 1], judged=5, drafted=6, emitted=6,
-              overlap_sum=4.0, overlap_count=5, tokens=6),
-      _record(1, 0, 0.4, 0.2, calls=3, accepted_at=[2, 1, 0], judged=5, drafted=9, emitted=6,
-              overlap_sum=3.0, overlap_count=5, tokens=5, identical=False),
-      _record(2, 1, 0.3, 0.25, calls=1, accepted_at=[1, 1, 1], judged=3, drafted=3, emitted=4,
-              overlap_sum=2.5, overlap_count=3, tokens=4),
-  ]
-
-
-def _in_loop(fixed, spec_fixed, step, round_):
-  return {'baseline_fixed_s': fixed, 'speculative_fixed_s': spec_fixed, 'baseline_round_s': step,
-          'round_s': round_, 'draft_s': 0.1 * round_, 'c_in_loop': 0.1 * round_ / GAMMA / step,
-          'round_fixed_in_loop': 0.9 * round_ / step}
-
-
-def test_summarize_batched_predicts_each_shrinking_stage():
-  by_rows = {2: _in_loop(1.0, 2.0, 0.5, 1.0), 1: _in_loop(0.5, 1.0, 0.3, 0.6)}
-  s = benchmark.summarize(_records(), COSTS, benchmark.Setting(gamma=GAMMA, batch_size=2), by_rows)
-  # Batch 0 (tokens 6, 5; calls 2, 3): baseline 1 + 5 steps at 2 rows + 1 at 1 row = 3.8, speculative
-  # 2 + 2 rounds at 2 rows + 1 at 1 row = 4.6. Batch 1 (one row, padded with a row of no steps): 1 + 4·0.3
-  # = 2.2 and 2 + 0.6 = 2.6.
-  assert s['predicted_speedup_in_loop'] == pytest.approx(6.0 / 7.2)
-  assert s['in_loop'] == by_rows[2] and set(s['in_loop_by_rows']) == {'2', '1'}
-  assert s['fitted'] is None  # batch times are not per example
-  full = _full_summary(_records())
-  full.update(in_loop=s['in_loop'], in_loop_by_rows=s['in_loop_by_rows'],
-              predicted_speedup_in_loop=s['predicted_speedup_in_loop'])
-  text = benchmark.markdown(full)
-  assert '| baseline step / speculative round at 2, 1 rows | 500.00 / 1000.00, 300.00 / 600.00 ms |' in text
-
-
-def test_summarize_hand_made_records():
-  s = benchmark.summarize(_records(), COSTS, benchmark.Setting(gamma=GAMMA, temperature=0.0))
-  assert s['examples'] == 3
-  assert s['baseline_seconds'] == pytest.approx(0.7)
-  assert s['speculative_seconds'] == pytest.approx(0.45)
-  assert s['speedup'] == pytest.approx(0.7 / 0.45)
-  assert s['median_example_speedup'] == pytest.approx((2.0 + 1.2) / 2)
-  assert s['baseline_ms_per_example'] == pytest.approx(350.0)
-  assert s['speculative_ms_per_example'] == pytest.approx(225.0)
-  assert s['baseline_tokens'] == s['speculative_tokens'] == 15
-  assert s['baseline_tokens_per_s'] == pytest.approx(15 / 0.7)
-  assert s['speculative_tokens_per_s'] == pytest.approx(15 / 0.45)
-  # α two ways: kept / judged drafts (10 / 13) and Σ min(p, q) / verified positions (9.5 / 13).
-  alpha = 10 / 13
-  assert s['alpha_accept'] == pytest.approx(alpha)
-  assert s['alpha_overlap'] == pytest.approx(9.5 / 13)
-  assert s['accepted_per_drafted'] == pytest.approx(10 / 18)
-  assert s['target_calls'] == 6
-  assert s['tokens_per_target_call'] == pytest.approx(16 / 6)
-  # accepted_at sums to [5, 3, 2]: P(position 0 kept) = 5 / 6 target calls, then 3 / 5, then 2 / 3.
-  assert s['acceptance_per_position'] == pytest.approx([5 / 6, 3 / 5, 2 / 3])
-  # Predictions from specdec.theory with the measured α and costs, and in closed form.
-  assert s['predicted_speedup_thm38'] == pytest.approx(float(theory.expected_speedup(alpha, GAMMA, 0.2)))
-  assert s['predicted_speedup_thm38'] == pytest.approx((1 - alpha ** 4) / (1 - alpha) / (3 * 0.2 + 1))
-  from_costs = (1 - alpha ** 4) / (1 - alpha) * 0.010 / (3 * 0.002 + 0.012)
-  assert s['predicted_speedup_costs'] == pytest.approx(from_costs)
-  assert s['predicted_speedup_costs'] == pytest.approx(float(theory.predicted_speedup_from_costs(
-      alpha, GAMMA, 0.002, 0.010, 0.012)))
-  assert s['measured_over_predicted'] == pytest.approx((0.7 / 0.45) / from_costs)
-  assert s['expected_tokens_per_call'] == pytest.approx((1 - alpha ** 4) / (1 - alpha))
-  assert (s['drafted'], s['judged'], s['accepted']) == (18, 13, 10)
-  # The α at which this γ and these costs give 1.5× / 2×: the costs' prediction there hits the target.
-  for target in (1.5, 2.0):
-    needed = s['alpha_needed'][str(target)]
-    assert 0 < needed < 1
-    assert float(theory.predicted_speedup_from_costs(needed, GAMMA, 0.002, 0.010, 0.012)) == pytest.approx(
-        target, rel=1e-6)
-  assert s['identical_rate'] == pytest.approx(2 / 3)
-  assert s['mismatches'] == [dict(index=1, **MISMATCH)]
-
-
-def test_summarize_sampling_and_unreached_positions():
-  # Nothing kept: position 0 is reached by every call, later positions by none (None, not 0 or NaN).
-  rec = _record(0, 0, 0.1, 0.2, calls=4, accepted_at=[0, 0, 0], judged=4, drafted=12, emitted=4,
-                overlap_sum=1.0, overlap_count=4, tokens=4)
-  s = benchmark.summarize([rec], COSTS, benchmark.Setting(gamma=GAMMA, temperature=1.0))
-  assert s['acceptance_per_position'] == [0.0, None, None]
-  assert s['alpha_accept'] == 0.0
-  assert s['tokens_per_target_call'] == 1.0
-  assert s['speedup'] == pytest.approx(0.5)
-  assert s['identical_rate'] is None  # not defined when sampling
-  assert s['mismatches'] == []
-  json.dumps(s, allow_nan=False)  # strictly JSON-serialisable
-
-
-def _full_summary(records, temperature=0.0):
-  setting = benchmark.Setting(gamma=GAMMA, temperature=temperature, repeats=1)
-  s = benchmark.summarize(records, COSTS, setting)
-  s.update(task=tasks.ENDE_LOCAL_TASK, split='test', drafter='d1', lengths=dict(LENGTHS),
-           setting={'gamma': GAMMA, 'temperature': temperature, 'topk': 0, 'topp': 0.0, 'batch_size': 2,
-                    'repeats': 1, 'seed': 0, 'length_buckets': True},
-           quality={'baseline': {'bleu': 12.5}, 'speculative': {'bleu': 12.25}}, costs=dict(COSTS),
-           machine=benchmark.machine_info(), date='2026-01-02T03:04:05', command='python -m specdec.main')
-  return s
-
-
-def test_markdown():
-  s = _full_summary(_records())
-  text = benchmark.markdown(s)
-  assert text.startswith('# Benchmark: specdec_ende_local:test, drafter d1, γ=3, temperature 0, batch 2\n')
-  assert '| examples | 3 |' in text
-  assert f"**{0.7 / 0.45:.2f}×**" in text  # **1.56×**
-  assert f"| α (accepted / judged) | {10 / 13:.3f} |" in text
-  assert f"| α (E[Σ min(p, q)]) | {9.5 / 13:.3f} |" in text
-  assert '| acceptance per draft position | 0.83, 0.60, 0.67 |' in text
-  assert '| c = drafter call / target call | 0.200 (2.000 / 10.000 ms) |' in text
-  needed = s['alpha_needed']
-  assert f"| α needed at this γ and these costs for 1.5× / 2× | {needed['1.5']:.2f} / {needed['2.0']:.2f} |" in text
-  assert '| identical greedy outputs | 66.7% (2/3) |' in text
-  assert '| quality, baseline | bleu 12.50 |' in text
-  assert '| quality, speculative | bleu 12.25 |' in text
-  assert '## Greedy mismatches' in text
-  assert '| 1 | 4 | 11 | 12 | 3.00e-07 | 3.00e-07 |' in text
-  assert '`python -m specdec.main`' in text
-
-
-def test_markdown_sampling_has_no_identity_or_mismatch_section():
-  recs = [r for r in _records() if r['identical']]
-  text = benchmark.markdown(_full_summary(recs, temperature=1.0))
-  assert 'temperature 1,' in text
-  assert 'identical greedy outputs' not in text
-  assert 'Greedy mismatches' not in text
 
 
 def test_write_outputs(tmp_path):
-  records = _records()
-  summary = _full_summary(records)
+  records = hand.records()
+  summary = hand.full_summary(records)
   out = tmp_path / 'bench'
   benchmark.write_outputs(str(out), summary, records)
   assert sorted(os.listdir(out)) == ['benchmark.csv', 'benchmark.json', 'benchmark.md', 'benchmark.png']
   assert json.loads((out / 'benchmark.json').read_text()) == json.loads(json.dumps(summary))
   with open(out / 'benchmark.csv', newline='') as f:
     rows = list(csv.reader(f))
-  assert rows[0] == list(benchmark.CSV_FIELDS)
+  assert rows[0] == list(reporting.BENCHMARK_CSV_FIELDS)
   assert len(rows) == 1 + len(records)
   assert [int(r[0]) for r in rows[1:]] == [0, 1, 2]
-  assert rows[2][benchmark.CSV_FIELDS.index('identical')] == 'False'
-  assert (out / 'benchmark.md').read_text() == benchmark.markdown(summary)
+  assert rows[2][reporting.BENCHMARK_CSV_FIELDS.index('identical')] == 'False'
+  assert (out / 'benchmark.md').read_text() == reporting.benchmark_markdown(summary)
   assert (out / 'benchmark.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
   assert not [p for p in os.listdir(out) if 'tmp' in p]  # no temporary files left behind
   benchmark.write_outputs(str(tmp_path / 'noplot'), summary, records, write_plot=False)
@@ -380,9 +234,9 @@ def copy_drafter(tiny):
 def _run(tiny, drafter, output_dir, max_examples, setting=SETTING, measure_in_loop=False):
   module, params = tiny
   drafter_module, drafter_params = drafter
-  return benchmark.run(module, params, drafter_module, drafter_params, tasks.ENDE_LOCAL_TASK, 'test',
-                       LENGTHS, setting, str(output_dir), max_examples=max_examples, drafter_name='copy',
-                       measure_in_loop=measure_in_loop)
+  return benchmark.run(benchmark.ModelPair(module, params, drafter_module, drafter_params, 'copy'),
+                       benchmark.TaskSplit(tasks.ENDE_LOCAL_TASK, 'test', LENGTHS, max_examples), setting,
+                       benchmark.Output(str(output_dir)), benchmark.Measuring(measure_in_loop=measure_in_loop))
 
 
 @pytest.fixture(scope='module')
@@ -508,9 +362,10 @@ def test_run_refuses_other_models_and_old_outputs_and_overwrite_measures_afresh(
   shutil.copytree(first_out, out)
   module, params = tiny
   drafter_module, drafter_params = copy_drafter
-  run = lambda **kwargs: benchmark.run(module, params, drafter_module, drafter_params, tasks.ENDE_LOCAL_TASK,
-                                       'test', LENGTHS, SETTING, str(out), max_examples=2, drafter_name='copy',
-                                       measure_in_loop=False, write_plot=False, **kwargs)
+  run = lambda **kwargs: benchmark.run(benchmark.ModelPair(module, params, drafter_module, drafter_params, 'copy'),
+                                       benchmark.TaskSplit(tasks.ENDE_LOCAL_TASK, 'test', LENGTHS, 2), SETTING,
+                                       benchmark.Output(str(out), write_plot=False, **kwargs),
+                                       benchmark.Measuring(measure_in_loop=False))
   with pytest.raises(fingerprint.ResumeRefused, match=r"target_checkpoint None -> 'models/x'.*; do Y\.$"):
     run(provenance={'target_checkpoint': 'models/x'}, remedy='do Y')
   os.remove(out / fingerprint.FILE_NAME)
@@ -549,37 +404,27 @@ def test_run_rejects_vocab_mismatch_before_decoding(tiny, tmp_path):
   assert not out.exists()
 
 
-def test_summarize_unreachable_target_is_none_and_markdown_says_so():
-  # c = 0.9 with verify = 3 target calls: no α reaches 2× at γ = 3 (4 tokens per call cannot pay 2 × 5.7).
-  costs = dict(COSTS, c=0.9, draft_call_s=0.009, verify_call_s=0.030, verify_cost_ratio=3.0)
-  s = benchmark.summarize(_records(), costs, benchmark.Setting(gamma=GAMMA, temperature=0.0))
-  assert s['alpha_needed']['2.0'] is None
-  json.dumps(s, allow_nan=False)
 
 
-def test_run_command_is_relative_to_the_repository(tmp_path, monkeypatch):
-  main_py = os.path.join(os.path.dirname(benchmark.__file__), 'main.py')
-  assert benchmark.run_command([main_py, "--gin.X='y'"]) == "python -m specdec.main --gin.X='y'"
-  monkeypatch.chdir(tmp_path)
-  (tmp_path / 'scripts').mkdir()
-  assert benchmark.run_command([str(tmp_path / 'scripts' / 'ablate.py'), 'gamma']) == (
-      'python scripts/ablate.py gamma')
+def test_validate_accepts_a_matching_pair_and_names_a_mismatch(tiny, copy_drafter):
+  module, params = tiny
+  benchmark.validate(benchmark.ModelPair(module, params, *copy_drafter), SETTING)
+  other = network.Transformer(tiny_config(vocab_size=64))
+  with pytest.raises(ValueError, match='Vocabulary mismatch.*8192.*64'):
+    benchmark.validate(benchmark.ModelPair(module, params, other, None), SETTING)
 
 
-def test_summarize_fits_the_real_loop_costs_at_batch_1():
-  # Baseline 2 ms + 1 ms/token, speculative 3 ms + 2.5 ms/round: a real round costs 2.5 baseline tokens.
-  records = [_record(i, i, 0.002 + 0.001 * tokens, 0.003 + 0.0025 * calls, calls=calls, accepted_at=[0, 0, 0],
-                     judged=calls, drafted=calls, emitted=tokens, overlap_sum=0.0, overlap_count=calls,
-                     tokens=tokens)
-             for i, (tokens, calls) in enumerate(((10, 4), (20, 7), (6, 3)))]
-  for r in records:
-    r['batch_rows'] = 1
-  s = benchmark.summarize(records, COSTS, benchmark.Setting(gamma=GAMMA, temperature=0.0))
-  assert s['fitted']['round_in_baseline_tokens'] == pytest.approx(2.5)
-  assert s['fitted']['speculative_fixed_s'] == pytest.approx(0.003)
-  assert s['fitted']['tokens_per_round'] == pytest.approx(36 / 14)
-  s.update(_full_summary(records))
-  assert '| the real loop (fitted over the examples): round / baseline token | 2.50 (2.500 / 1.000 ms)' in (
-      benchmark.markdown(s))
-  # Batches of two rows share one wall time: no fit.
-  assert benchmark.summarize(_records(), COSTS, benchmark.Setting(gamma=GAMMA))['fitted'] is None
+def test_load_examples_reads_the_first_examples_of_the_split(fixture_tasks):
+  del fixture_tasks
+  examples = benchmark.load_examples(benchmark.TaskSplit(tasks.ENDE_LOCAL_TASK, 'test', LENGTHS, 2))
+  assert [e['targets_pretokenized'].decode('utf-8') for e in examples] == [r['targets'] for r in _fixture_rows(2)]
+
+
+def test_compile_decoders_pairs_each_decoder_with_its_params(tiny, copy_drafter):
+  module, params = tiny
+  drafter_module, drafter_params = copy_drafter
+  decoders = benchmark.compile_decoders(benchmark.ModelPair(module, params, drafter_module, drafter_params),
+                                        None, SETTING)
+  assert decoders.base_params == {'target': params}
+  assert decoders.params == {'target': params, 'drafter': drafter_params}
+  assert decoders.eos_id == EOS and callable(decoders.base_predict) and callable(decoders.spec_predict)

@@ -1,5 +1,5 @@
 """Tests for specdec/ceiling.py: the grid measured end to end on a tiny target (and resumed), and the report's
-arithmetic on a hand-made state. Timings are only checked to be positive; speed is measured by
+arithmetic on a hand-made state (its Markdown: ceiling_report_test.py). Timings are only checked to be positive; speed is measured by
 scripts/ceiling.py, never asserted here."""
 
 import json
@@ -10,9 +10,12 @@ import numpy as np
 import pytest
 
 from specdec import ceiling
+from specdec import ceiling_report
 from specdec import network
+from specdec import plots
 from specdec import profiling
 from specdec import theory
+from tests import ceiling_states
 
 V = 64
 LENGTHS = {'inputs': 8, 'targets': 10}
@@ -105,36 +108,14 @@ def test_report_markdown_and_plot_of_a_measured_state(measured, tmp_path):
     assert row['drafter'] == ceiling.CONTROLLED and row['identical']
   assert {r['drafter'] for r in rep['shipped']} == {'tiny_drafter'}
   json.dumps(rep)  # the report is plain JSON
-  text = ceiling.markdown(rep, 'header line')
+  text = ceiling_report.markdown(rep, 'header line')
   assert 'controlled acceptance' in text and 'header line' in text and 'tiny_drafter' in text
-  ceiling.plot(rep, str(tmp_path / 'ceiling.png'))
+  plots.plot_ceiling(str(tmp_path / 'ceiling.png'), rep)
   assert (tmp_path / 'ceiling.png').read_bytes()[:4] == b'\x89PNG'
 
 
-def _hand_state():
-  """One α*, one γ, batch 1, two examples, with costs and counts chosen by hand."""
-  label = ceiling.oracle_label(0.8, 2)
-  in_loop = {'c_in_loop': 0.1, 'round_fixed_in_loop': 1.2, 'round_s': 0.0014, 'draft_s': 0.0002,
-             'baseline_round_s': 0.001, 'baseline_fixed_s': 0.002, 'speculative_fixed_s': 0.003}
-
-  def record(n, tokens, base_s, spec_s, calls, accepted, judged, emitted):
-    return {'index': n, 'example_ids': [n], 'rows': 1, 'baseline_s': base_s, 'baseline_tokens': [tokens],
-            'oracle': {label: {'seconds': spec_s, 'identical': True, 'accepted': [accepted],
-                               'judged': [judged], 'emitted': [emitted], 'target_calls': [calls]}},
-            'shipped': {}}
-
-  return {'settings': {'alphas': [0.8], 'gammas': [2], 'batch_sizes': [1], 'repeats': 1, 'seed': 0,
-                       'max_verify_tokens': 3},
-          'identity': {'examples': 2, 'lengths': LENGTHS, 'shipped': {}, 'inputs_sha': 'x'},
-          'costs': {'1': {'verify_curve': {'tokens': [1, 2, 3], 'call_s': [0.001, 0.0012, 0.0013],
-                                           'ratio': [1.0, 1.2, 1.3]},
-                          'in_loop': {'2/1': in_loop}}},
-          'batches': {'1': [record(0, 20, 0.030, 0.015, 9, 15, 18, 20),
-                            record(1, 10, 0.020, 0.012, 5, 6, 8, 10)]}}
-
-
 def test_report_arithmetic_by_hand():
-  rep = ceiling.report(_hand_state())
+  rep = ceiling.report(ceiling_states.hand_state())
   (row,) = rep['rows']
   assert row['measured_speedup'] == pytest.approx(0.050 / 0.027)
   assert row['alpha_measured'] == pytest.approx(21 / 26)
@@ -150,6 +131,5 @@ def test_report_arithmetic_by_hand():
   assert best['optimal_gamma_thm38'] == theory.optimal_gamma(21 / 26, 0.1, max_gamma=2)[0]
   fitted = rep['costs']['1']['fitted']['2']
   assert fitted['per_step_s'] == pytest.approx((0.015 - 0.012) / (9 - 5))
-  # measured 1.85x against 1.33x predicted: the report lists the row as a miss.
-  misses = ceiling.markdown(rep).split('## Rows outside')[1]
-  assert 'batch 1, α* 0.8, γ 2: measured 1.85×, predicted 1.33× (1.39)' in misses
+  # α's binomial standard error over the 26 judged drafts.
+  assert row['alpha_stderr'] == pytest.approx(math.sqrt(21 / 26 * 5 / 26 / 26))

@@ -6,7 +6,7 @@ of its time:
   compiles a program that another test (or the other worker) already compiled only once. Entries are keyed by
   the program, the compile options and the jax/jaxlib version, so a stale one is never used.
   SPECDEC_TEST_JAX_CACHE names another folder ('' turns it off).
-- XLA's CPU backend at optimisation level 0 (as the 8-device helper processes of partitioning_test,
+- XLA's CPU backend at optimisation level 0 (as the 8-device helper processes of sharded_decoding_test,
   train_sharded_test and rehearsal_test already run) generates code faster; the tests' models are too small
   for the slower code to matter. SPECDEC_TEST_XLA_OPT=default keeps XLA's level. Must be set before JAX
   starts its backend, which no test module does at import.

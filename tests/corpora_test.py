@@ -15,6 +15,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from specdec import corpora  # pylint: disable=g-import-not-at-top
+from specdec import fileio  # pylint: disable=g-import-not-at-top
 
 LISTS = os.path.join(REPO, "tests", "testdata", "lists")
 EN = os.path.join(LISTS, "fixture_dists_stable_main_i18n_Translation-en")
@@ -36,7 +37,7 @@ def _read(path):
 def built(tmp_path_factory):
   out = str(tmp_path_factory.mktemp("corpus"))
   manifest = corpora.build_corpora(LISTS, out, ratios=RATIOS)
-  rows = {name: {split: corpora.read_jsonl(corpora.corpus_path(out, name, split))
+  rows = {name: {split: fileio.read_jsonl(corpora.corpus_path(out, name, split))
                  for split in corpora.SPLITS} for name in corpora.CORPORA}
   return out, manifest, rows
 
@@ -417,27 +418,3 @@ def test_shipped_vocabulary():
     assert vocab.decode(ids) == text
   ids = vocab.encode(corpora.TRANSLATE_PREFIX + "Grüße aus Köln")
   assert vocab.decode(ids) == "translate English to German: Grüße aus Köln"
-
-
-# ------------------------------------------------------------ reading JSONL
-
-
-@pytest.mark.parametrize("bad_line, problem", [
-    (b'{"inputs": "caf\xe9"}', r"not UTF-8 \(invalid continuation byte at byte 15"),
-    (b'{"inputs": "a", ', "not valid JSON"),
-    (b'["a", "b"]', "a JSON list, expected an object"),
-])
-def test_bad_jsonl_line_names_file_and_line(tmp_path, bad_line, problem):
-  path = tmp_path / "train.jsonl"
-  path.write_bytes(b'{"inputs": "a"}\n\n{"inputs": "b"}\n' + bad_line + b"\n")
-  with pytest.raises(ValueError, match=f"^{path}:4: {problem}"):
-    corpora.read_jsonl(str(path))
-  with pytest.raises(ValueError, match=f"^x.jsonl:4: {problem}"):
-    corpora.count_jsonl_rows(path.read_bytes().splitlines(True), "x.jsonl")
-
-
-def test_jsonl_rows_skip_blank_lines(tmp_path):
-  path = tmp_path / "ok.jsonl"
-  path.write_bytes('{"inputs": "Größe"}\n\n  \n{"inputs": "b"}'.encode("utf-8"))
-  assert corpora.read_jsonl(str(path)) == [{"inputs": "Größe"}, {"inputs": "b"}]
-  assert corpora.count_jsonl_rows(path.read_bytes().splitlines(True), "ok") == 2

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from specdec import batch_shrink
 from specdec import decoding
 from specdec import sampling
 from tests import toy
@@ -140,7 +141,7 @@ class TestGreedyIdentity:
     steps = jnp.asarray(np.arange(16) % 7 + 1)
     for kw in (dict(), dict(max_decode_steps=4), dict(max_decode_steps=steps)):
       base, _ = _baseline(target, inputs, temperature=0.0, **kw)
-      spec, _ = _speculative(target, drafter, inputs, 3, temperature=0.0, **kw)
+      spec, _, _ = _speculative(target, drafter, inputs, 3, temperature=0.0, **kw)
       np.testing.assert_array_equal(spec, base)
     lengths = np.sum(np.asarray(base) != 0, axis=-1)
     assert len(set(lengths.ravel().tolist())) > 2  # Really different ends.
@@ -165,7 +166,7 @@ class TestGreedyIdentity:
     drafter = toy.ToyModel(18, vocab=9, cache_len=10)
     inputs = _prompted_inputs(2, 10)
     base, _ = _baseline(target, inputs, temperature=0.0, num_decodes=3)
-    spec, lp = _speculative(target, drafter, inputs, 3, temperature=0.0,
+    spec, lp, _ = _speculative(target, drafter, inputs, 3, temperature=0.0,
                             num_decodes=3)
     assert spec.shape == (2, 3, 10) and lp.shape == (2, 3)
     np.testing.assert_array_equal(spec, base)
@@ -176,7 +177,7 @@ class TestGreedyIdentity:
     drafter = toy.ToyModel(20, vocab=9, cache_len=10)
     inputs = _prompted_inputs(4, 10)
     base, _ = _baseline(target, inputs, temperature=0.0)
-    spec, _ = _speculative(target, drafter, inputs, 4, temperature=1.0, topk=1,
+    spec, _, _ = _speculative(target, drafter, inputs, 4, temperature=1.0, topk=1,
                            decode_rng=jax.random.PRNGKey(3))
     np.testing.assert_array_equal(spec, base)
 
@@ -347,6 +348,131 @@ class TestBadInputs:
                                   EOS, topk=3, topp=0.5)
 
 
+class TestValidateDecodeArgs:
+  """`validate_decode_args` alone: the checks both loops run before tracing."""
+
+  INPUTS = jnp.zeros((2, 8), jnp.int32)
+
+  def test_good_settings_pass(self):
+    decoding.validate_decode_args(self.INPUTS, EOS, 1, 0.0, 0, 0.9, 8, 0.5, gamma=1,
+                                  draft_confidence=0.5)
+    decoding.validate_decode_args(self.INPUTS, EOS, temperature=1.0, topk=40)
+
+  @pytest.mark.parametrize('kwargs, message', [
+      (dict(gamma=0), 'gamma must be an int >= 1, got 0'),
+      (dict(gamma=2.0), 'gamma must be an int >= 1, got 2.0'),
+      (dict(temperature=-0.5), 'temperature must be >= 0'),
+      (dict(topk=5, topp=0.9), 'Use top-k or top-p, not both'),
+      (dict(draft_confidence=1.0), r'draft_confidence must be a float in \[0, 1\)')])
+  def test_settings_alone_are_checked_by_the_same_helper(self, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+      decoding.validate_settings(**kwargs)
+    # The benchmark's settings are checked by it too, with the same words.
+    from specdec import benchmark  # pylint: disable=g-import-not-at-top
+    with pytest.raises(ValueError, match=message):
+      benchmark.Setting(**{'gamma': 1, **kwargs}).validate()
+
+  def test_gamma_is_checked_only_when_given(self):
+    with pytest.raises(ValueError, match='gamma must be an int >= 1, got 0'):
+      decoding.validate_decode_args(self.INPUTS, EOS, gamma=0)
+    decoding.validate_decode_args(self.INPUTS, EOS, gamma=None)
+
+  @pytest.mark.parametrize('kwargs, message', [
+      (dict(gamma=2.5), 'gamma must be an int'),
+      (dict(draft_confidence=1.0), r'draft_confidence must be a float in \[0, 1\)'),
+      (dict(eos_id=-1), 'eos_id must be an int >= 0'),
+      (dict(num_decodes=0), 'num_decodes must be an int >= 1'),
+      (dict(temperature=-1.0), 'temperature must be >= 0'),
+      (dict(topk=5, topp=0.9), 'Use top-k or top-p, not both'),
+      (dict(lenience=0.0), 'lenience must be a float in'),
+      (dict(max_decode_steps=9), r'max_decode_steps must be in \[0, 8\]'),
+      (dict(inputs=jnp.zeros((2, 8), jnp.float32)), 'inputs must hold integer token ids'),
+  ])
+  def test_each_bad_setting_is_named(self, kwargs, message):
+    kwargs = dict(dict(inputs=self.INPUTS, eos_id=EOS), **kwargs)
+    with pytest.raises(ValueError, match=message):
+      decoding.validate_decode_args(**kwargs)
+
+  def test_traced_values_are_left_alone(self):
+    jax.jit(lambda t, n: decoding.validate_decode_args(self.INPUTS, EOS, temperature=t,
+                                                       max_decode_steps=n))(-1.0, 99)
+
+
+class TestDecodeKinds:
+
+  def test_the_loops_are_declared(self):
+    assert decoding.kind_of(decoding.temperature_sample) == decoding.AUTOREGRESSIVE
+    assert decoding.kind_of(decoding.speculative_sample) == decoding.SPECULATIVE
+
+  def test_seen_through_partials_and_wrappers(self):
+    partial = functools.partial(decoding.speculative_sample, gamma=3)
+    assert decoding.kind_of(functools.partial(partial, topk=0)) == decoding.SPECULATIVE
+
+    def wrapper(**kwargs):
+      return decoding.temperature_sample(**kwargs)
+    assert decoding.kind_of(wrapper) is None
+    assert decoding.kind_of(functools.wraps(decoding.temperature_sample)(wrapper)) == (
+        decoding.AUTOREGRESSIVE)
+
+  def test_declare_kind(self):
+    fn = decoding.declare_kind(decoding.SPECULATIVE)(lambda **kw: None)
+    assert decoding.kind_of(fn) == decoding.SPECULATIVE
+    with pytest.raises(ValueError, match='kind must be one of'):
+      decoding.declare_kind('beam')
+
+
+class TestLoopSpecAndState:
+
+  @staticmethod
+  def _spec(**kw):
+    return decoding.LoopSpec(gamma=2, eos_id=EOS, tokens_to_logits=None,
+                             draft_tokens_to_logits=None, **kw)
+
+  def test_fast_greedy_is_derived(self):
+    assert self._spec(temperature=0.0).fast_greedy
+    assert not self._spec(temperature=1.0).fast_greedy
+    assert not self._spec(temperature=0.0, lenience=0.5).fast_greedy
+    with pytest.raises(TypeError):
+      self._spec(temperature=0.0, fast_greedy=True)  # pylint: disable=unexpected-keyword-arg
+    seen = []  # a traced temperature is not known to be greedy
+    jax.jit(lambda t: seen.append(self._spec(temperature=t).fast_greedy) or t)(0.0)
+    assert seen == [False]
+
+  def test_row_axes_shrink_every_per_row_array(self):
+    rows, width = 4, 7
+    state = decoding.SpeculativeLoopState(
+        cur_index=jnp.arange(rows), sequences=jnp.arange(rows * width).reshape(rows, width),
+        forced_bl=jnp.arange(rows * width).reshape(rows, width) % 2 == 0,
+        max_len_b=jnp.arange(rows) + 10, target_cache={'k': jnp.zeros((3, rows))},
+        draft_cache={'k': jnp.zeros((rows, 3))}, draft_lag=jnp.zeros((rows,), bool),
+        ended=jnp.zeros((rows,), bool), generated=jnp.zeros((rows, width), bool),
+        rng=jax.random.PRNGKey(0), log_prob=jnp.zeros((rows,)), stats={})
+    axes = decoding.row_axes(state, cache_offset=1, draft_cache_offset=0)
+    assert axes.target_cache == {'k': 1} and axes.draft_cache == {'k': 0}
+    assert axes.rng == batch_shrink.SHARED and axes.forced_bl == 0 and axes.max_len_b == 0
+    kept = batch_shrink.take_rows(state, jnp.asarray([3, 1]), axes)
+    np.testing.assert_array_equal(kept.max_len_b, [13, 11])
+    np.testing.assert_array_equal(kept.forced_bl, np.asarray(state.forced_bl)[[3, 1]])
+    assert kept.target_cache['k'].shape == (3, 2)
+    np.testing.assert_array_equal(kept.rng, state.rng)
+
+
+class TestSpeculativeOutput:
+
+  def test_one_shape_with_and_without_stats(self):
+    target = toy.ToyModel(45, vocab=9, cache_len=8)
+    drafter = toy.ToyModel(46, vocab=9, cache_len=8)
+    inputs = jnp.zeros((2, 8), jnp.int32)
+    plain = _speculative(target, drafter, inputs, 2, temperature=0.0)
+    counted = _speculative(target, drafter, inputs, 2, temperature=0.0, return_stats=True)
+    assert isinstance(plain, decoding.SpeculativeOutput)
+    assert plain.stats is None
+    assert plain.decodes.shape == (2, 1, 8) and plain.log_prob.shape == (2, 1)
+    np.testing.assert_array_equal(plain.decodes, counted.decodes)
+    assert set(counted.stats) == {'target_calls', 'drafted', 'judged', 'accepted', 'accepted_at',
+                                  'overlap_sum', 'overlap_count', 'emitted'}
+
+
 # -----------------------------------------------------------------------------
 # The phases of a speculative round, one by one.
 # -----------------------------------------------------------------------------
@@ -372,11 +498,13 @@ class TestPhases:
     d_cache['tokens'] = d_cache['tokens'].at[0, :d_seen].set(jnp.asarray(prefix[:d_seen]))
     spec = decoding.LoopSpec(
         gamma=self.GAMMA, eos_id=EOS, tokens_to_logits=target.tokens_to_logits,
-        draft_tokens_to_logits=drafter.tokens_to_logits, forced_bl=jnp.zeros(seq.shape, bool),
-        max_len_b=jnp.full((rows,), self.LENGTH, jnp.int32), temperature=temperature, topk=0,
-        fast_greedy=temperature == 0.0, draft_confidence=draft_confidence, return_stats=True)
+        draft_tokens_to_logits=drafter.tokens_to_logits, temperature=temperature, topk=0,
+        draft_confidence=draft_confidence, return_stats=True)
+    assert spec.fast_greedy == (temperature == 0.0)
     state = decoding.SpeculativeLoopState(
-        cur_index=jnp.full((rows,), i, jnp.int32), sequences=jnp.asarray(seq), target_cache=t_cache,
+        cur_index=jnp.full((rows,), i, jnp.int32), sequences=jnp.asarray(seq),
+        forced_bl=jnp.zeros(seq.shape, bool), max_len_b=jnp.full((rows,), self.LENGTH, jnp.int32),
+        target_cache=t_cache,
         draft_cache=d_cache, draft_lag=jnp.full((rows,), lag), ended=jnp.zeros((rows,), bool),
         generated=jnp.zeros(seq.shape, bool), rng=jax.random.PRNGKey(0),
         log_prob=jnp.zeros((rows,), jnp.float32), stats=decoding._zero_stats(rows, self.GAMMA))

@@ -10,6 +10,7 @@ and Orbax checkpoints are not run on it; their directory logic (step
 listing, moving a damaged step) is.
 """
 
+import ast
 import json
 import os
 import uuid
@@ -21,6 +22,7 @@ import tensorflow as tf
 
 from specdec import checkpoints
 from specdec import fileio
+from specdec import loading
 from specdec import network
 from specdec import ngram
 from specdec import t5x_checkpoint
@@ -68,6 +70,14 @@ def params():
 # -----------------------------------------------------------------------------
 # Path names.
 # -----------------------------------------------------------------------------
+
+
+def test_fileio_is_the_lowest_floor():
+  """fileio imports nothing from specdec, so every module may import it without a circle."""
+  tree = ast.parse(open(fileio.__file__, encoding='utf-8').read())
+  imported = [node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
+  imported += [a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names]
+  assert not [name for name in imported if name and name.split('.')[0] == 'specdec']
 
 
 def test_is_url():
@@ -159,6 +169,145 @@ def test_atomic_write(base):
   assert fileio.listdir(fileio.join(base, 'sub')) == ['file.bin']  # no temp files left
 
 
+def test_local_atomic_write_goes_through_a_rename(tmp_path, monkeypatch):
+  """The destination only ever appears complete (os.replace of a temp file)."""
+  renames = []
+  real_replace = os.replace
+
+  def spy(src, dst):
+    with open(src, 'rb') as f:
+      renames.append((src, dst, f.read()))
+    real_replace(src, dst)
+
+  monkeypatch.setattr(os, 'replace', spy)
+  path = tmp_path / 'file.bin'
+  fileio.atomic_write(str(path), b'payload')
+  assert len(renames) == 1
+  src, dst, data = renames[0]
+  assert os.path.abspath(dst) == str(path)
+  assert os.path.dirname(src) == str(tmp_path)  # same filesystem
+  assert src != dst and data == b'payload'
+
+
+def test_atomic_write_leaves_nothing_when_writing_fails(tmp_path, monkeypatch):
+  path = str(tmp_path / 'file.bin')
+  fileio.atomic_write(path, b'old')
+  monkeypatch.setattr(os, 'replace', lambda a, b: (_ for _ in ()).throw(OSError('disk full')))
+  with pytest.raises(OSError, match='disk full'):
+    fileio.atomic_write(path, b'new')
+  assert os.listdir(tmp_path) == ['file.bin']
+  assert (tmp_path / 'file.bin').read_bytes() == b'old'
+
+
+# -----------------------------------------------------------------------------
+# Hashes, hash-checked reads, JSON and JSON Lines.
+# -----------------------------------------------------------------------------
+
+
+def test_sha256_hex():
+  assert fileio.sha256_hex(b'') == (
+      'e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855')
+
+
+def test_file_sha256(base):
+  path = fileio.join(base, 'big.bin')
+  data = bytes(range(256)) * 5000  # more than one 1 MiB block
+  fileio.atomic_write(path, data)
+  assert fileio.file_sha256(path) == fileio.sha256_hex(data)
+
+
+def test_read_verified(base):
+  path = fileio.join(base, 'params.msgpack')
+  fileio.atomic_write(path, b'payload')
+  digest = fileio.sha256_hex(b'payload')
+  assert fileio.read_verified(path, digest, 'config.json') == b'payload'
+  assert fileio.read_verified(path, None, 'config.json') == b'payload'  # nothing recorded
+  fileio.atomic_write(path, b'payloaD')
+  with pytest.raises(ValueError, match=f'^{path}: damaged, truncated or modified file '
+                     rf'\(sha256 [0-9a-f]{{16}}\.\.\., config.json records {digest[:16]}'):
+    fileio.read_verified(path, digest, 'config.json')
+  with pytest.raises(FileNotFoundError, match='No missing.bin at'):
+    fileio.read_verified(fileio.join(base, 'missing.bin'), digest, 'config.json')
+
+
+def test_json_object_round_trip(base):
+  path = fileio.join(base, 'meta.json')
+  fileio.write_json(path, {'b': 1, 'a': [1, 2]})
+  with fileio.open(path, 'rb') as f:
+    assert f.read() == b'{\n  "a": [\n    1,\n    2\n  ],\n  "b": 1\n}'
+  assert fileio.read_json_object(path) == {'a': [1, 2], 'b': 1}
+
+
+@pytest.mark.parametrize('data, message', [
+    (b'{"a": ', 'damaged or incomplete config file'),
+    (b'\xff\xfe{', 'damaged or incomplete config file'),
+    (b'[1, 2]', r'damaged config file \(a JSON list, expected an object\)'),
+])
+def test_read_json_object_names_a_damaged_file(base, data, message):
+  path = fileio.join(base, 'config.json')
+  fileio.atomic_write(path, data)
+  with pytest.raises(ValueError, match=f'^{path}: {message}'):
+    fileio.read_json_object(path, kind='config file')
+
+
+def test_read_json_object_missing(base):
+  with pytest.raises(FileNotFoundError, match='No config file at'):
+    fileio.read_json_object(fileio.join(base, 'config.json'), kind='config file')
+
+
+def test_jsonl_round_trip(base):
+  path = fileio.join(base, 'rows.jsonl')
+  rows = [{'inputs': 'Größe', 'n': 1}, {'inputs': 'b'}]
+  digest = fileio.write_jsonl(path, rows)
+  with fileio.open(path, 'rb') as f:
+    data = f.read()
+  assert data == '{"inputs": "Größe", "n": 1}\n{"inputs": "b"}\n'.encode('utf-8')
+  assert data == fileio.jsonl_bytes(rows)
+  assert digest == fileio.sha256_hex(data)
+  assert fileio.read_jsonl(path) == rows
+  fileio.write_jsonl(path, [])
+  assert fileio.read_jsonl(path) == []
+  with pytest.raises(FileNotFoundError):
+    fileio.read_jsonl(fileio.join(base, 'missing.jsonl'))
+
+
+@pytest.mark.parametrize('line, message', [
+    (b'{"inputs": "caf\xe9"}', r'not UTF-8 \(invalid continuation byte at byte 15'),
+    (b'{"inputs": ', 'not valid JSON'),
+    (b'[1, 2]', r'a JSON list, expected an object'),
+])
+def test_jsonl_rows_name_the_bad_line(base, line, message):
+  path = fileio.join(base, 'rows.jsonl')
+  fileio.atomic_write(path, b'{"inputs": "a"}\n\n' + line + b'\n')
+  with pytest.raises(ValueError, match=f'^{path}:3: {message}'):
+    fileio.read_jsonl(path)
+  with pytest.raises(ValueError, match=f'^x.jsonl:3: {message}'):
+    fileio.count_jsonl_rows([b'{"inputs": "a"}\n', b'\n', line], 'x.jsonl')
+  assert fileio.count_jsonl_rows([b'{"inputs": "a"}\n', b'\n', b'{}'], 'x.jsonl') == 2
+  assert list(fileio.iter_jsonl_rows([b'{"a": 1}', b' \n'], 'x')) == [{'a': 1}]
+
+
+@pytest.mark.parametrize('bad_line, problem', [
+    (b'{"inputs": "caf\xe9"}', r'not UTF-8 \(invalid continuation byte at byte 15'),
+    (b'{"inputs": "a", ', 'not valid JSON'),
+    (b'["a", "b"]', 'a JSON list, expected an object'),
+])
+def test_bad_jsonl_line_names_file_and_line(tmp_path, bad_line, problem):
+  path = tmp_path / 'train.jsonl'
+  path.write_bytes(b'{"inputs": "a"}\n\n{"inputs": "b"}\n' + bad_line + b'\n')
+  with pytest.raises(ValueError, match=f'^{path}:4: {problem}'):
+    fileio.read_jsonl(str(path))
+  with pytest.raises(ValueError, match=f'^x.jsonl:4: {problem}'):
+    fileio.count_jsonl_rows(path.read_bytes().splitlines(True), 'x.jsonl')
+
+
+def test_jsonl_rows_skip_blank_lines(tmp_path):
+  path = tmp_path / 'ok.jsonl'
+  path.write_bytes('{"inputs": "Größe"}\n\n  \n{"inputs": "b"}'.encode('utf-8'))
+  assert fileio.read_jsonl(str(path)) == [{'inputs': 'Größe'}, {'inputs': 'b'}]
+  assert fileio.count_jsonl_rows(path.read_bytes().splitlines(True), 'ok') == 2
+
+
 def test_replace_and_rename_a_file(base):
   src, dst = fileio.join(base, 'src.txt'), fileio.join(base, 'dst.txt')
   fileio.atomic_write(src, b'new')
@@ -228,12 +377,11 @@ def test_local_replace_is_os_replace(tmp_path, monkeypatch):
 def test_train_log_on_url(ram_dir):
   path = fileio.join(ram_dir, 'train_log.jsonl')
   fileio.makedirs(ram_dir)
-  assert train._read_jsonl(path) == []
   assert train.drop_log_after(path, 3) == 0 and not fileio.exists(path)
   for step in range(1, 7):
     train._append_log(path, {'step': step, 'kind': 'train'})
   train._append_log(path, {'step': 4, 'kind': 'eval'})
-  assert len(train._read_jsonl(path)) == 7
+  assert len(fileio.read_jsonl(path)) == 7
   assert train.drop_log_after(path, 4) == 2
   with tf.io.gfile.GFile(path) as f:
     assert [json.loads(line)['step'] for line in f] == [1, 2, 3, 4, 4]
@@ -245,7 +393,7 @@ def test_run_records_on_url(ram_dir):
   train.put_run_record(path, {'run_id': 'a', 'to_step': 7, 'status': 'running'})
   train.put_run_record(path, {'run_id': 'a', 'to_step': 9, 'status': 'running'})
   train.put_run_record(path, {'run_id': 'b', 'to_step': 9, 'status': 'running'})
-  assert [(r['run_id'], r['status'], r['to_step']) for r in train._read_jsonl(path)] == [
+  assert [(r['run_id'], r['status'], r['to_step']) for r in fileio.read_jsonl(path)] == [
       ('a', 'interrupted', 9), ('b', 'running', 9)]
   assert _on_gfile(path)
 
@@ -292,7 +440,7 @@ def test_compact_round_trip_on_url(ram_dir, params):
                                                     checkpoints.PARAMS_FILE]
   assert checkpoints.detect_format(directory) == 'compact'
   assert checkpoints.load_config_for(directory) == CFG
-  assert checkpoints.read_json_meta(fileio.join(directory, 'config.json'))['train'] == {'step': 3}
+  assert fileio.read_json_object(fileio.join(directory, 'config.json'))['train'] == {'step': 3}
   config, loaded = checkpoints.load_compact(directory)
   assert config == CFG
   expected = jax.tree_util.tree_leaves(jax.tree_util.tree_map(
@@ -302,7 +450,7 @@ def test_compact_round_trip_on_url(ram_dir, params):
   restored = checkpoints.restore_params(directory, CFG)
   for got, want in zip(jax.tree_util.tree_leaves(restored), expected):
     np.testing.assert_array_equal(np.asarray(got), want)
-  module, _ = checkpoints.load_module_and_params(directory)
+  module, _ = loading.load_module_and_params(directory)
   assert module.config == CFG
 
 
@@ -317,8 +465,8 @@ def test_compact_hash_checked_on_url(ram_dir, params):
   with pytest.raises(ValueError, match='damaged, truncated or modified'):
     checkpoints.load_compact(directory)
   checkpoints.record_file_hashes(directory, [checkpoints.PARAMS_FILE])  # accepts the edit
-  meta = checkpoints.read_json_meta(fileio.join(directory, checkpoints.CONFIG_FILE))
-  assert meta['files'][checkpoints.PARAMS_FILE] == checkpoints.sha256_hex(
+  meta = fileio.read_json_object(fileio.join(directory, checkpoints.CONFIG_FILE))
+  assert meta['files'][checkpoints.PARAMS_FILE] == fileio.sha256_hex(
       data[:-1] + bytes([data[-1] ^ 1]))
 
 

@@ -1,5 +1,6 @@
 """The gin configs in gin/ parse and build the models they describe."""
 
+import dataclasses
 import inspect
 import os
 
@@ -15,9 +16,11 @@ from specdec import gin_utils
 from specdec import main
 from specdec import models
 from specdec import network
+from specdec import run_config
 from specdec import tables
 from specdec import tasks
 from specdec import train
+from specdec import train_config
 
 GIN_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'gin')
 
@@ -86,7 +89,6 @@ EXPERIMENT_FILES = sorted(
     os.path.relpath(os.path.join(d, f), GIN_DIR)
     for d, _, files in os.walk(EXPERIMENTS_DIR) for f in files if f.endswith('.gin'))
 KNOWN_TASKS = tasks.LOCAL_TASKS + tasks.PAPER_TASKS
-RUN_DEFAULTS = {k: p.default for k, p in inspect.signature(main.run).parameters.items()}
 
 
 def _resolve(value):
@@ -100,17 +102,17 @@ def _resolve(value):
   return value
 
 
+def _fields(config):
+  return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+
+
 def _run_params(path, bindings=()):
-  """main.run's parameters as the experiment file (plus `bindings`) sets them, defaults elsewhere."""
+  """The fields of the RunConfig the experiment file (plus `bindings`) builds for main.run, and of its parts."""
   gin.clear_config()
   gin_utils.parse([path], ["OUTPUT_DIR = 'runs/specdec_gin_test'"] + list(bindings))
-  params = {}
-  for name, default in RUN_DEFAULTS.items():
-    try:
-      params[name] = _resolve(gin.query_parameter(f'main.run.{name}'))
-    except ValueError:  # not bound: main.run's default
-      params[name] = default
-  return params
+  config = _resolve(gin.query_parameter('main.run.config'))
+  assert isinstance(config, run_config.RunConfig)
+  return {**_fields(config), **_fields(config.data), **_fields(config.models), **_fields(config.decoding)}
 
 
 def test_experiment_files_are_found():
@@ -227,7 +229,8 @@ def test_experiment_file_refuses_a_misspelt_macro(path):
 def test_the_issue_reproduction_gamma_typo_is_refused():
   gin.clear_config()
   _, bindings, _ = gin_utils.split_gin_args(
-      ['--gin.main.run.mode=\'infer\'', '--gin.main.run.max_examples=2', "--gin.OUTPUT_DIR='probe_out'",
+      ['--gin.run_config.RunConfig.mode=\'infer\'', '--gin.run_config.DataConfig.max_examples=2',
+       "--gin.OUTPUT_DIR='probe_out'",
        '--gin.GAMA=3'])
   with pytest.raises(gin_utils.GinConfigError, match=r'macro GAMA, .*\(did you mean GAMMA\?\)'):
     gin_utils.parse(['experiments/cpu/table2/ende_d1_t0.gin'], bindings)
@@ -237,12 +240,12 @@ def test_the_issue_reproduction_gamma_typo_is_refused():
     # The README's and the scripts' command lines.
     ('experiments/cpu/table2/ende_d1_t0.gin', ["OUTPUT_DIR = 'runs/x'", 'GAMMA = 6']),
     ('experiments/cpu/main_job.gin', ['GAMMA = 3', 'DRAFT_CONFIDENCE = 0.0', "BEST_DRAFTER = 'd1'",
-                                      'main.run.max_examples = 2']),
+                                      'run_config.DataConfig.max_examples = 2']),
     ('experiments/cpu/table2/ende_d1_t0.gin', ["OUTPUT_DIR = 'x'", "DRAFTER_CHECKPOINT = 'models/cpu/d3'",
                                                "TARGET_CHECKPOINT = 'models/cpu/target'",
-                                               'main.run.overwrite = True']),
+                                               'run_config.RunConfig.overwrite = True']),
     ('train/cpu_target.gin', ["MODEL_DIR = 'runs/target'", "EXPORT_DIR = 'runs/target.partial'",
-                              'train.train.num_steps = 10']),
+                              'train_config.TrainConfig.num_steps = 10']),
     # docs/cloud_tpu.md and scripts/tpu/*.sh.
     ('train/table2/xxl_ende.gin', ["MODEL_DIR = 'gs://bucket/finetune/xxl_ende'"]),
     ('experiments/table2/xxl_ende_small_t0.gin', [
@@ -268,19 +271,13 @@ def test_unset_output_dir_is_one_line():
 
 FINETUNE_DIR = os.path.join(GIN_DIR, 'train', 'table2')
 FINETUNE_RUNS = [(size, task) for size in ('small', 'base', 'large', 'xxl') for task in ('ende', 'cnndm')]
-TRAIN_DEFAULTS = {k: p.default for k, p in inspect.signature(train.train).parameters.items()}
 
 
 def _train_params(path, bindings=()):
-  """train.train's parameters as the file binds them, plus the optimizer's, resolved."""
+  """The TrainConfig the file builds, by flat name (train_config.flat_settings), plus the optimizer's settings."""
   gin.clear_config()
   gin_utils.parse([path], ["MODEL_DIR = 'gs://bucket/finetune/run'"] + list(bindings))
-  params = {}
-  for name, default in TRAIN_DEFAULTS.items():
-    try:
-      params[name] = _resolve(gin.query_parameter(f'train.train.{name}'))
-    except ValueError:  # not bound: train.train's default
-      params[name] = default
+  params = train_config.flat_settings(gin.get_configurable(train_config.TrainConfig)())
   for name in ('name', 'schedule', 'clip_norm'):
     params[f'optimizer_{name}'] = gin.query_parameter(f'train.make_optimizer.{name}')
   params['learning_rate'] = _resolve(gin.query_parameter('train.constant_learning_rate.value'))
@@ -297,7 +294,7 @@ def test_finetune_run(size, task):
   p = _train_params(f'train/table2/{size}_{task}.gin')
   assert p['model_dir'] == 'gs://bucket/finetune/run'
   # T5 1.1 of that size, as T5X fine-tunes it: bf16 activations, dropout 0.1, T5's padded vocabulary.
-  assert p['config'] == network.t5_1_1_config(size, dtype='bfloat16', dropout_rate=0.1)
+  assert p['network_config'] == network.t5_1_1_config(size, dtype='bfloat16', dropout_rate=0.1)
   assert p['init_from_t5x'] == f'gs://t5-data/pretrained_models/t5x/t5_1_1_{size}/checkpoint_1000000'
   assert p['mixture_or_task_name'] == PAPER_TASK[task]
   assert list(p['eval_decode_tasks']) == [PAPER_TASK[task]]
@@ -309,7 +306,7 @@ def test_finetune_run(size, task):
   assert p['learning_rate'] == 1e-3
   assert p['z_loss'] == 1e-4
   assert p['parameter_partitioning_dims'] in (1, 2)
-  assert p['config'].num_heads % p['num_partitions'] == 0
+  assert p['network_config'].num_heads % p['num_partitions'] == 0
 
 
 @pytest.mark.parametrize('size, task', FINETUNE_RUNS)

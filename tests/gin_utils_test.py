@@ -95,10 +95,10 @@ class TestParse:
   def test_includes_resolve_through_the_search_path(self):
     # cpu_target.gin includes 'train/cpu_family.gin' (relative to gin/).
     gin_utils.parse(['train/cpu_target.gin'],
-                    ["MODEL_DIR = 'runs/m'", 'train.train.num_steps = 7'])
+                    ["MODEL_DIR = 'runs/m'", 'train_config.TrainConfig.num_steps = 7'])
     assert gin.query_parameter('%MODEL_DIR') == 'runs/m'
-    assert gin.query_parameter('train.train.num_steps') == 7
-    assert gin.query_parameter('train.train.batch_size') == 32
+    assert gin.query_parameter('train_config.TrainConfig.num_steps') == 7
+    assert gin.query_parameter('train_config.DataConfig.batch_size') == 32
     assert gin.query_parameter('network.T5Config.vocab_size') == 8192
 
   def test_files_as_given_take_precedence(self, tmp_path, monkeypatch):
@@ -165,12 +165,12 @@ class TestBindingsThatWouldChangeNothing:
     assert gin.query_parameter('%GAMMA') == 3
 
   def test_a_macro_used_only_by_another_binding_binds(self):
-    gin_utils.parse([self.FILE], ["OUTPUT_DIR = 'runs/x'", 'MY_GAMMA = 6', 'main.run.gamma = %MY_GAMMA'])
+    gin_utils.parse([self.FILE], ["OUTPUT_DIR = 'runs/x'", 'MY_GAMMA = 6', 'benchmark.Setting.gamma = %MY_GAMMA'])
     assert gin.query_parameter('%MY_GAMMA') == 6
 
   def test_a_misspelt_parameter(self):
-    message = self._error('main.run.max_exampels = 3')
-    assert 'main.run has no parameter max_exampels' in message
+    message = self._error('run_config.DataConfig.max_exampels = 3')
+    assert 'run_config.DataConfig has no parameter max_exampels' in message
     assert message.endswith('(did you mean max_examples?).')
 
   def test_a_misspelt_configurable(self):
@@ -183,8 +183,8 @@ class TestBindingsThatWouldChangeNothing:
                        'files.')
 
   def test_a_value_that_does_not_parse(self):
-    assert 'is not a gin value' in self._error('main.run.gamma = [1')
-    assert 'is not a gin value' in self._error('main.run.gamma = ')
+    assert 'is not a gin value' in self._error('benchmark.Setting.gamma = [1')
+    assert 'is not a gin value' in self._error('benchmark.Setting.gamma = ')
 
   def test_a_macro_used_but_never_set_is_one_line(self):
     with pytest.raises(gin_utils.GinConfigError) as e:
@@ -192,13 +192,36 @@ class TestBindingsThatWouldChangeNothing:
     assert str(e.value) == 'macro OUTPUT_DIR is used but never set: bind it, e.g. --gin.OUTPUT_DIR=VALUE.'
 
   def test_a_misspelt_macro_reference(self):
-    message = self._error('main.run.gamma = %GAMMMA')
+    message = self._error('benchmark.Setting.gamma = %GAMMMA')
     assert message.startswith('macro GAMMMA is used but never set') and message.endswith('(did you mean GAMMA?).')
 
+  def test_a_renamed_parameter_names_its_new_name(self):
+    with pytest.raises(gin_utils.GinConfigError) as e:
+      gin_utils.parse([self.FILE], ["OUTPUT_DIR = 'runs/x'", 'old.fn.n = 3'], renamed={'old.fn.n': 'new.Config.n'})
+    assert str(e.value) == "binding 'old.fn.n = 3': old.fn.n is now new.Config.n (--gin.new.Config.n=3)."
+
   def test_train_bindings_are_checked_too(self):
-    message = self._error('train.train.num_stepz = 3', files=['train/cpu_target.gin'])
+    message = self._error('train_config.TrainConfig.num_stepz = 3', files=['train/cpu_target.gin'])
     assert message.endswith('(did you mean num_steps?).')
 
   def test_command_line_form(self):
     _, bindings, _ = gin_utils.split_gin_args(['--gin.GAMA=3'])
     assert 'GAMMA' in self._error(*bindings)
+
+
+class TestMacroValues:
+
+  def teardown_method(self):
+    gin.clear_config()
+
+  def test_the_macros_a_file_uses_with_their_values(self, tmp_path):
+    path = tmp_path / 'x.gin'
+    path.write_text('A = 5\nB = %A\nC = 7\nUSES = [%B, %UNSET]\n')
+    values = gin_utils.macro_values([str(path)])
+    assert set(values) == {'A', 'B', 'UNSET'}  # C is set but used nowhere
+    assert values['A'] == 5 and repr(values['B']) == '%A' and values['UNSET'] is gin.REQUIRED
+    assert not gin.config_str().strip()  # the config is left clear
+
+  def test_the_main_job(self):
+    values = gin_utils.macro_values(['experiments/cpu/main_job.gin'])
+    assert {'GAMMA', 'BEST_DRAFTER', 'OUTPUT_DIR', 'TARGET_CHECKPOINT', 'DRAFT_CONFIDENCE'} <= set(values)

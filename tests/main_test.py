@@ -6,9 +6,12 @@ shipped experiment gin files with command-line overrides, as the README does. Th
 call-cost measurement is covered by tests/benchmark_test.py and replaced by fixed costs here.
 """
 
+import contextlib
+import io
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -22,10 +25,12 @@ import pytest
 from specdec import benchmark
 from specdec import checkpoints
 from specdec import fingerprint
+from specdec import gin_utils
 from specdec import main
 from specdec import profiling
 from specdec import network
 from specdec import ngram
+from specdec import run_config
 from specdec import tasks
 
 TESTDATA = os.path.join(os.path.dirname(__file__), 'testdata', 'tasks')
@@ -82,13 +87,16 @@ def _flags(family, out, *extra, gin_file='experiments/cpu/table2/ende_d1_t0.gin'
       f"--gin.OUTPUT_DIR='{out}'",
       f"--gin.TARGET_CHECKPOINT='{root / 'target'}'",
       f"--gin.DRAFTER_CHECKPOINT='{root / drafter}'" if drafter else '--gin.DRAFTER_CHECKPOINT=None',
-      f"--gin.main.run.corpus_dir='{FIXTURE_CORPUS}'",
-      "--gin.main.run.feature_lengths={'inputs': 16, 'targets': 8}",
-      '--gin.main.run.max_examples=2',
-      '--gin.main.run.repeats=1',
-      '--gin.main.run.length_buckets=False',
+      f"--gin.run_config.DataConfig.corpus_dir='{FIXTURE_CORPUS}'",
+      "--gin.run_config.DataConfig.feature_lengths={'inputs': 16, 'targets': 8}",
+      '--gin.run_config.DataConfig.max_examples=2',
+      '--gin.benchmark.Setting.repeats=1',
+      '--gin.benchmark.Setting.length_buckets=False',
       '--gin.GAMMA=2',
   ] + list(extra)
+
+
+INFER = "--gin.run_config.RunConfig.mode='infer'"
 
 
 def _jsonl(path):
@@ -107,7 +115,7 @@ def _fixture_rows(corpus, n):
 
 def test_infer(family, tmp_path):
   out = tmp_path / 'infer'
-  main.main(_flags(family, out, "--gin.main.run.mode='infer'"))
+  main.main(_flags(family, out, "--gin.run_config.RunConfig.mode='infer'"))
   preds = _jsonl(out / 'predictions.jsonl')
   assert [p['index'] for p in preds] == [0, 1]
   for p, row in zip(preds, _fixture_rows('translate_en_de', 2)):
@@ -125,7 +133,7 @@ def test_infer(family, tmp_path):
 
   # Resumable: a rerun with more examples decodes only the new one (the earlier lines stay as they were).
   gin.clear_config()  # main.main parses and locks the config, as a one-shot command does
-  main.main(_flags(family, out, "--gin.main.run.mode='infer'", '--gin.main.run.max_examples=3'))
+  main.main(_flags(family, out, INFER, '--gin.run_config.DataConfig.max_examples=3'))
   again = _jsonl(out / 'predictions.jsonl')
   assert [p['index'] for p in again] == [0, 1, 2] and again[:2] == preds
 
@@ -133,7 +141,8 @@ def test_infer(family, tmp_path):
 def test_eval_baseline_only_on_the_summarization_task(family, tmp_path):
   """'eval' without a drafter decodes with the target alone and scores with the task's metrics."""
   out = tmp_path / 'eval'
-  main.main(_flags(family, out, "--gin.main.run.mode='eval'", gin_file='experiments/cpu/table2/summ_d3_t0.gin',
+  main.main(_flags(family, out, "--gin.run_config.RunConfig.mode='eval'",
+                   gin_file='experiments/cpu/table2/summ_d3_t0.gin',
                    drafter=None))
   summary = json.loads((out / 'metrics.json').read_text())
   assert summary['task'] == tasks.SUMMARIZE_LOCAL_TASK
@@ -159,6 +168,26 @@ def test_benchmark(family, tmp_path):
   assert {'benchmark.csv', 'benchmark.md', 'benchmark.png', 'examples.jsonl'} <= set(os.listdir(out))
 
 
+def test_a_resumed_benchmark_keeps_the_costs_its_first_run_measured(family, tmp_path, monkeypatch, capsys):
+  out = tmp_path / 'bench'
+  _main(_flags(family, out))
+  first = json.loads((out / 'benchmark.json').read_text())
+  doubled = lambda costs: {k: 2 * v for k, v in costs.items()}
+  monkeypatch.setattr(profiling, 'measure_costs', lambda *args, **kwargs: doubled(COSTS))
+  monkeypatch.setattr(profiling, 'in_loop_costs', lambda *args, **kwargs: doubled(IN_LOOP))
+  benchmark._COST_CACHE.clear()  # pylint: disable=protected-access  (as a new process starts)
+  capsys.readouterr()
+  _main(_flags(family, out, '--gin.run_config.DataConfig.max_examples=3'))  # resumed and extended
+  again = json.loads((out / 'benchmark.json').read_text())
+  assert again['examples'] == 3
+  assert again['costs'] == first['costs'] == COSTS and again['in_loop'] == first['in_loop'] == IN_LOOP
+  assert 'as measured by the run being resumed' in capsys.readouterr().out
+  benchmark._COST_CACHE.clear()  # pylint: disable=protected-access
+  _main(_flags(family, out, '--gin.run_config.DataConfig.max_examples=3',
+               '--gin.run_config.RunConfig.overwrite=True'))
+  assert json.loads((out / 'benchmark.json').read_text())['costs'] == doubled(COSTS)  # measured afresh
+
+
 def test_table_from_own_gin_file(family, tmp_path):
   """A gin file given by path; rows' drafters are found beside the target."""
   gin_file = _one_row_table(tmp_path, 'specdec_summarize_local', table_name='tiny table')
@@ -179,48 +208,166 @@ def test_table_from_own_gin_file(family, tmp_path):
 # -----------------------------------------------------------------------------
 
 
-def test_unknown_arguments_exit():
-  with pytest.raises(SystemExit, match='--bogus'):
-    main.main(['--bogus', '--gin_file=experiments/cpu/table2/ende_d1_t0.gin'])
+def _error_line(flags):
+  """(exit status, stderr) of a command that fails: main.main as a fresh command, stderr captured."""
+  gin.clear_config()
+  err = io.StringIO()
+  with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as e:
+    main.main(flags)
+  return e.value.code, err.getvalue()
 
 
-# The target path does not exist: had the models been loaded first, FileNotFoundError would come instead.
+def _assert_one_line(flags, match, out=None):
+  """The command ends with exactly one line on stderr matching `match`, exit status 2, nothing under `out`."""
+  status, err = _error_line(flags)
+  assert status == main.USAGE_EXIT
+  assert err.count('\n') == 1 and err.startswith('specdec: '), err
+  assert re.search(match, err), err
+  assert 'Traceback' not in err
+  if out is not None:
+    assert not out.exists()
+  return err.rstrip('\n')
+
+
+def test_unknown_arguments_are_one_line():
+  _assert_one_line(['--bogus', '--gin_file=experiments/cpu/table2/ende_d1_t0.gin'], r"unknown arguments \['--bogus'\]")
+
+
+def test_a_binding_without_a_value_is_one_line():
+  _assert_one_line(['--gin.GAMMA'], "Expected --gin.NAME=VALUE, got '--gin.GAMMA'")
+
+
+# The target path does not exist: had the files been checked first, 'target checkpoint not found' would come.
 @pytest.mark.parametrize('extra, drafter, match', [
-    (["--gin.main.run.mode='train'"], 'd1', "mode must be one of .*'train'"),
+    (["--gin.run_config.RunConfig.mode='train'"], 'd1', "mode must be one of .*'train'"),
     ([], None, 'needs a drafter'),
     (['--gin.GAMMA=0'], 'd1', 'gamma must be an int >= 1, got 0'),
-    (['--gin.main.run.temperature=-1.0'], 'd1', 'temperature'),
-    (['--gin.main.run.topk=5', '--gin.main.run.topp=0.9'], 'd1', 'top-k or top-p'),
-    (["--gin.main.run.mode='table'"], 'd1', 'needs rows'),
-    (["--gin.main.run.mode='table'",
-      "--gin.main.run.rows=[{'task': 't', 'drafter': 'd1', 'temperature': 0.0, 'gamma': 0}]"], 'd1', 'gamma'),
-    (["--gin.main.run.feature_lengths={'inputs': 16}"], 'd1', 'feature_lengths'),
+    (['--gin.benchmark.Setting.temperature=-1.0'], 'd1', 'temperature'),
+    (['--gin.benchmark.Setting.topk=5', '--gin.benchmark.Setting.topp=0.9'], 'd1', 'top-k or top-p'),
+    (["--gin.run_config.RunConfig.mode='table'"], 'd1', 'needs rows'),
+    (["--gin.run_config.RunConfig.mode='table'",
+      "--gin.run_config.RunConfig.rows=[{'task': 't', 'drafter': 'd1', 'temperature': 0.0, 'gamma': 0}]"], 'd1',
+     'table row 1 .*gamma'),
+    (["--gin.run_config.DataConfig.feature_lengths={'inputs': 16}"], 'd1', 'feature_lengths'),
 ])
-def test_bad_settings_raise_before_loading(family, tmp_path, extra, drafter, match):
+def test_bad_settings_are_one_line_before_anything_is_read_or_written(family, tmp_path, extra, drafter, match):
   flags = _flags(family, tmp_path / 'out', *extra, drafter=drafter)
   flags = [f for f in flags if not f.startswith('--gin.TARGET_CHECKPOINT')]
   flags.append(f"--gin.TARGET_CHECKPOINT='{tmp_path / 'no_such_model'}'")
-  with pytest.raises(ValueError, match=match):
-    main.main(flags)
+  _assert_one_line(flags, match, tmp_path / 'out')
+
+
+def test_run_raises_the_config_error_itself(family, tmp_path):
+  """Called from Python, run raises (run_config.ConfigError is a ValueError); nothing is written."""
+  config = run_config.RunConfig(output_dir=str(tmp_path / 'out'), decoding=benchmark.Setting(gamma=0),
+                                models=run_config.ModelsConfig(target_checkpoint=str(family['root'] / 'target'),
+                                                               drafter_checkpoint=str(family['root'] / 'd1')))
+  with pytest.raises(ValueError, match='gamma must be an int >= 1'):
+    main.run(config)
   assert not (tmp_path / 'out').exists()
 
 
-def test_missing_target_checkpoint(family, tmp_path):
-  flags = [f for f in _flags(family, tmp_path / 'out') if not f.startswith('--gin.TARGET_CHECKPOINT')]
-  with pytest.raises(FileNotFoundError, match='no_such_model'):
-    main.main(flags + [f"--gin.TARGET_CHECKPOINT='{tmp_path / 'no_such_model'}'"])
+@pytest.mark.parametrize('flag, match', [
+    ('TARGET_CHECKPOINT', 'target checkpoint not found: .*no_such_model'),
+    ('DRAFTER_CHECKPOINT', 'drafter checkpoint not found: .*no_such_model'),
+])
+def test_a_missing_checkpoint_is_one_line_and_writes_nothing(family, tmp_path, flag, match):
+  flags = [f for f in _flags(family, tmp_path / 'out') if not f.startswith(f'--gin.{flag}')]
+  _assert_one_line(flags + [f"--gin.{flag}='{tmp_path / 'no_such_model'}'"], match, tmp_path / 'out')
 
 
-def test_missing_gin_file():
-  with pytest.raises(FileNotFoundError, match='no_such.gin'):
-    main.main(['--gin_file=experiments/no_such.gin'])
+def test_a_missing_table_row_drafter_is_one_line(family, tmp_path):
+  flags = [f for f in _flags(family, tmp_path / 'out', gin_file=_one_row_table(tmp_path, drafter='d9'))
+           if not f.startswith('--gin.DRAFTER_CHECKPOINT')]
+  _assert_one_line(flags, r'table row 1 drafter d9 not found: .*d9$', tmp_path / 'out')
+
+
+def test_a_drafter_of_another_vocabulary_is_one_line(family, tmp_path):
+  _assert_one_line(_flags(family, tmp_path / 'out', drafter='bigram'),
+                   f'Vocabulary mismatch: target vocab_size={VOCAB_SIZE}, drafter checkpoint .* vocab_size=64',
+                   tmp_path / 'out')
+
+
+def test_an_unknown_task_is_one_line(family, tmp_path):
+  _assert_one_line(_flags(family, tmp_path / 'out', "--gin.run_config.DataConfig.task='specdec_nope'"),
+                   "unknown task 'specdec_nope'", tmp_path / 'out')
+
+
+def test_a_missing_gin_file_is_one_line():
+  _assert_one_line(['--gin_file=experiments/no_such.gin'], 'gin file not found: experiments/no_such.gin')
+
+
+def test_a_former_run_parameter_names_its_new_spelling(family, tmp_path):
+  message = _assert_one_line(_flags(family, tmp_path / 'out', '--gin.main.run.max_examples=1'),
+                             'main.run.max_examples is now run_config.DataConfig.max_examples', tmp_path / 'out')
+  assert message.endswith('(--gin.run_config.DataConfig.max_examples=1).')
+
+
+def test_debug_shows_the_traceback_instead(family, tmp_path):
+  gin.clear_config()
+  with pytest.raises(run_config.ConfigError, match='gamma must be an int >= 1'):
+    main.main(_flags(family, tmp_path / 'out', '--gin.GAMMA=0', '--debug'))
+
+
+def test_an_unexpected_failure_is_one_line_with_status_1(family, tmp_path, monkeypatch):
+  def broken(*args, **kwargs):
+    raise RuntimeError('out of memory\nmore detail')
+  monkeypatch.setattr(main, 'load_network', broken)
+  status, err = _error_line(_flags(family, tmp_path / 'out', INFER))
+  assert status == main.FAILURE_EXIT
+  assert err == 'specdec: RuntimeError: out of memory\n'.replace('\n', ' (rerun with --debug for the traceback)\n')
+
+
+# -----------------------------------------------------------------------------
+# --help, and what a run says as it goes
+# -----------------------------------------------------------------------------
+
+
+def test_help_lists_modes_gin_folders_and_the_main_jobs_macros(capsys):
+  for flag in ('--help', '-h'):
+    gin.clear_config()
+    main.main([flag])  # returns: exit status 0
+    text = capsys.readouterr().out
+    assert text.startswith('usage: python -m specdec.main')
+    for mode in main.MODES:
+      assert f'  {mode} ' in text
+    for folder in ('models', 'tasks', 'decoding', 'experiments', 'train'):
+      assert f'  gin/{folder}: ' in text
+    values = gin_utils.macro_values([main.DEFAULT_GIN_FILE])
+    for macro in ('GAMMA', 'BEST_DRAFTER', 'OUTPUT_DIR', 'TARGET_CHECKPOINT', 'DRAFT_CONFIDENCE'):
+      assert f'  {macro} = {values[macro]!r}\n' in text + '\n'
+
+
+def test_help_as_a_command_exits_0_and_an_error_exits_2_with_one_line(tmp_path):
+  done = subprocess.run([sys.executable, '-m', 'specdec.main', '--help'], capture_output=True, text=True)
+  assert done.returncode == 0 and 'GAMMA = ' in done.stdout and 'Unknown' not in done.stderr
+  done = subprocess.run([sys.executable, '-m', 'specdec.main', '--gin.GAMMA=0',
+                         f"--gin.OUTPUT_DIR='{tmp_path / 'out'}'"], capture_output=True, text=True)
+  assert done.returncode == 2
+  assert done.stderr == 'specdec: table row 1 (specdec_ende_local, bigram): gamma must be an int >= 1, got 0.\n'
+  assert not (tmp_path / 'out').exists()
+
+
+def test_the_header_and_progress_lines_name_the_task_and_row(family, tmp_path, capsys):
+  gin_file = _one_row_table(tmp_path, 'specdec_summarize_local')
+  flags = [f for f in _flags(family, tmp_path / 'table', gin_file=gin_file)
+           if not f.startswith('--gin.DRAFTER_CHECKPOINT')]
+  _main(flags)
+  lines = capsys.readouterr().out.splitlines()
+  header = next(line for line in lines if line.startswith('specdec table:'))
+  assert header.startswith('specdec table: 1 rows on specdec_summarize_local:test, target ')
+  assert 'Row 1/1: task specdec_summarize_local, drafter d1, temperature 0, γ 2' in lines
+  assert any(line.startswith('  [specdec_summarize_local d1 γ=2 t=0] 2/2 examples') for line in lines)
+
+  _main(_flags(family, tmp_path / 'infer', INFER))
+  lines = capsys.readouterr().out.splitlines()
+  assert any(line.startswith('specdec infer: task specdec_ende_local:test, drafter ') for line in lines)
+  assert any(line.startswith('  [specdec_ende_local] 2/2 examples') for line in lines)
 
 
 # -----------------------------------------------------------------------------
 # Resuming only what the same configuration wrote (fingerprint.json)
 # -----------------------------------------------------------------------------
-
-INFER = "--gin.main.run.mode='infer'"
 
 
 def _main(flags):
@@ -230,13 +377,10 @@ def _main(flags):
 
 
 def _refused(flags):
-  """The one line a refused command ends with."""
-  gin.clear_config()
-  with pytest.raises(SystemExit) as e:
-    main.main(flags)
-  message = str(e.value.code)
-  assert message.startswith('specdec: ') and '\n' not in message
-  return message
+  """The one line (on stderr, exit status 2) a refused command ends with."""
+  status, err = _error_line(flags)
+  assert status == main.USAGE_EXIT and err.startswith('specdec: ') and err.count('\n') == 1, err
+  return err.rstrip('\n')
 
 
 def _files(out, names):
@@ -252,7 +396,7 @@ def test_benchmark_rerun_of_another_drafter_gamma_and_temperature_is_refused(fam
                             drafter='d3'))
   for part in ("drafter 'd1' -> 'd3'", 'gamma 2 -> 3', 'temperature 1.0 -> 0.0',
                f"drafter_checkpoint '{family['root'] / 'd1'}' -> '{family['root'] / 'd3'}'", 'drafter_content',
-               'use a new OUTPUT_DIR, or --gin.main.run.overwrite=True'):
+               'use a new OUTPUT_DIR, or --gin.run_config.RunConfig.overwrite=True'):
     assert part in message
   assert _files(out, before) == before  # nothing relabelled
   recorded = json.loads(before['benchmark.json'])['fingerprint']
@@ -268,7 +412,7 @@ def test_infer_rerun_with_another_gamma_is_refused_and_overwrite_starts_afresh(f
   assert 'gamma 2 -> 3' in _refused(_flags(family, out, INFER, '--gin.GAMMA=3'))
   assert _files(out, before) == before
 
-  _main(_flags(family, out, INFER, '--gin.GAMMA=3', '--gin.main.run.overwrite=True'))
+  _main(_flags(family, out, INFER, '--gin.GAMMA=3', '--gin.run_config.RunConfig.overwrite=True'))
   assert json.loads((out / 'statistics.json').read_text())['setting']['gamma'] == 3
   assert fingerprint.read(str(out))['gamma'] == 3
   preds = _jsonl(out / 'predictions.jsonl')
@@ -280,18 +424,18 @@ def test_infer_rerun_with_another_gamma_is_refused_and_overwrite_starts_afresh(f
 def test_eval_of_another_task_into_an_infer_directory_is_refused(family, tmp_path):
   out = tmp_path / 'run'
   _main(_flags(family, out, INFER))
-  message = _refused(_flags(family, out, "--gin.main.run.mode='eval'",
+  message = _refused(_flags(family, out, "--gin.run_config.RunConfig.mode='eval'",
                             gin_file='experiments/cpu/table2/summ_d1_t0.gin'))
   assert "task 'specdec_ende_local' -> 'specdec_summarize_local'" in message
   assert not (out / 'metrics.json').exists()
   # 'eval' of the same configuration scores the 'infer' run's predictions (they share predictions.jsonl).
-  _main(_flags(family, out, "--gin.main.run.mode='eval'"))
+  _main(_flags(family, out, "--gin.run_config.RunConfig.mode='eval'"))
   assert json.loads((out / 'metrics.json').read_text())['statistics']['examples'] == 2
 
 
 def test_fewer_examples_than_the_directory_holds_is_refused(family, tmp_path):
   out = tmp_path / 'infer'
-  _main(_flags(family, out, INFER, '--gin.main.run.max_examples=3'))
+  _main(_flags(family, out, INFER, '--gin.run_config.DataConfig.max_examples=3'))
   message = _refused(_flags(family, out, INFER))  # max_examples=2
   assert 'max_examples 3 -> 2 (it holds up to 3 examples: max_examples may grow, not shrink)' in message
   assert json.loads((out / 'statistics.json').read_text())['statistics']['examples'] == 3
@@ -303,7 +447,7 @@ def test_outputs_from_before_fingerprints_are_refused(family, tmp_path):
   os.remove(out / fingerprint.FILE_NAME)
   message = _refused(_flags(family, out, INFER))
   assert 'holds predictions.jsonl, statistics.json written without a fingerprint.json' in message
-  assert message.endswith('or --gin.main.run.overwrite=True to discard them and start afresh.')
+  assert message.endswith('or --gin.run_config.RunConfig.overwrite=True to discard them and start afresh.')
 
 
 def test_another_mode_into_the_same_directory_is_refused(family, tmp_path):
@@ -326,17 +470,17 @@ def test_a_checkpoint_changed_in_place_is_refused(family, tmp_path):
   assert 'drafter_content' in message and 'drafter_checkpoint' not in message and 'target_content' not in message
 
 
-def _one_row_table(tmp_path, task='specdec_ende_local', table_name=None):
-  """A table gin file (written under tmp_path) with one d1 row on `task`; returns its path."""
+def _one_row_table(tmp_path, task='specdec_ende_local', table_name=None, drafter='d1'):
+  """A table gin file (written under tmp_path) with one row on `task`; returns its path."""
   gin_file = tmp_path / 'table.gin'
   gin_file.write_text(
       "include 'experiments/cpu/base.gin'\n"
       'from __gin__ import dynamic_registration\n'
-      'from specdec import main\n'
-      'main.run:\n'
+      'from specdec import run_config\n'
+      'run_config.RunConfig:\n'
       "  mode = 'table'\n"
       + (f"  table_name = '{table_name}'\n" if table_name else '')
-      + f"  rows = [{{'task': '{task}', 'drafter': 'd1', 'temperature': 0.0, 'gamma': %GAMMA}}]\n")
+      + f"  rows = [{{'task': '{task}', 'drafter': '{drafter}', 'temperature': 0.0, 'gamma': %GAMMA}}]\n")
   return str(gin_file)
 
 
@@ -351,12 +495,12 @@ def test_table_rows_are_checked_before_any_model_loads(family, tmp_path, monkeyp
     raise AssertionError('a model was loaded before the fingerprints were checked')
 
   monkeypatch.setattr(main, 'load_network', no_loading)
-  message = _refused(flags + ['--gin.main.run.seed=1'])
+  message = _refused(flags + ['--gin.benchmark.Setting.seed=1'])
   assert f"{out / 'specdec_ende_local_d1_t0_g2'} holds outputs of another configuration: seed 0 -> 1;" in message
 
 
 def test_an_interrupted_infer_resumes_to_the_uninterrupted_outputs(family, tmp_path):
-  flags = lambda out: _flags(family, out, INFER, '--gin.main.run.max_examples=3')
+  flags = lambda out: _flags(family, out, INFER, '--gin.run_config.DataConfig.max_examples=3')
   whole, cut = tmp_path / 'whole', tmp_path / 'cut'
   _main(flags(whole))
   _main(flags(cut))

@@ -1,5 +1,7 @@
 """Tests for specdec/models.py: whole decodes with random tiny T5 pairs."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -162,6 +164,55 @@ class TestScores:
     weights = (targets > 0).at[:, 0].set(False).astype(jnp.float32)
     batch['decoder_loss_weights'] = weights
     assert np.all(base_model.score_batch(params, batch) > expected)
+
+
+def _recording_decode_fn(calls, speculative):
+  """A decode fn that records its keyword arguments and decodes zeros (one per row)."""
+
+  def decode(**kwargs):
+    calls.append(kwargs)
+    rows, length = kwargs['inputs'].shape
+    decodes, scores = jnp.zeros((rows, 1, length), jnp.int32), jnp.zeros((rows, 1))
+    if speculative:
+      return decoding.SpeculativeOutput(decodes, scores, {'emitted': jnp.ones((rows, 1), jnp.int32)})
+    return decodes, scores
+
+  return decoding.declare_kind(decoding.SPECULATIVE)(decode) if speculative else decode
+
+
+class TestDecodeFnKinds:
+  """The model calls its decode_fn by its declared kind (`decoding.kind_of`)."""
+
+  def test_undeclared_is_t5x_autoregressive(self, params):
+    calls = []
+    model = models.SpeculativeEncoderDecoderModel(
+        network.Transformer(TARGET_CFG), None, decode_fn=_recording_decode_fn(calls, False))
+    decodes, aux = model.predict_batch_with_aux(
+        params, _batch(), decoder_params={'return_stats': True}, constrain_cache=lambda c: c)
+    assert 'draft_tokens_to_logits' not in calls[0] and 'return_stats' not in calls[0]
+    assert 'shrink_batch' not in calls[0]  # T5X's decode functions do not take it
+    assert decodes.shape == (6, 12) and set(aux) == {'scores'}
+
+  def test_declared_speculative_gets_the_drafter_and_returns_stats(self, params):
+    calls = []
+    model = models.SpeculativeEncoderDecoderModel(
+        network.Transformer(TARGET_CFG), network.Transformer(DRAFTER_CFG),
+        decode_fn=_recording_decode_fn(calls, True))
+    _, aux = model.predict_batch_with_aux(params, _batch(), constrain_cache=lambda c: c)
+    assert 'draft_tokens_to_logits' in calls[0] and 'draft_cache' in calls[0]
+    assert calls[0]['shrink_batch'] is False  # a sharded batch keeps its shape
+    np.testing.assert_array_equal(aux['stats']['emitted'], np.ones(6))
+
+  def test_speculative_without_stats_has_no_stats_entry(self, spec_model, params):
+    decodes, aux = spec_model.predict_batch_with_aux(params, _batch(), decoder_params={
+        'temperature': 0.0, 'gamma': 2})
+    assert decodes.shape == (6, 12) and set(aux) == {'scores'}
+
+  def test_a_partial_keeps_its_kind(self):
+    with pytest.raises(ValueError, match='drafter_module'):
+      models.SpeculativeEncoderDecoderModel(
+          network.Transformer(TARGET_CFG), None,
+          decode_fn=functools.partial(decoding.speculative_sample, gamma=3))
 
 
 class TestValidation:

@@ -8,7 +8,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec import checkpoints
 from specdec import decoding
 from specdec import models
 from specdec import network
@@ -67,7 +66,7 @@ def _fitted(order, tmp_path, seqs=SEQS, top_k=8):
   unigram, bigram = ngram.count(seqs, V)
   ngram.save(str(tmp_path / f'ng{order}'), _config(order, seqs, top_k), unigram, bigram,
              trigram=ngram.count_trigrams(seqs, V) if order == 3 else None)
-  return checkpoints.load_module_and_params(str(tmp_path / f'ng{order}'))
+  return ngram.load(str(tmp_path / f'ng{order}'))
 
 
 @pytest.mark.parametrize('order', [1, 2])
@@ -154,7 +153,7 @@ def test_bad_config_json_names_the_file(tmp_path, content, match):
   path = directory / ngram.CONFIG_FILE
   path.write_bytes(content)
   with pytest.raises(ValueError, match=match) as e:
-    checkpoints.load_module_and_params(str(directory))
+    ngram.load(str(directory))
   assert str(e.value).startswith(f'{path}: ')
 
 

@@ -173,5 +173,6 @@ def test_other_vocabulary_is_refused(target):
 def test_the_benchmark_refuses_the_oracle(target):
   module, params = target
   with pytest.raises(ValueError, match='measuring instrument of controlled acceptance'):
-    benchmark.run(module, params, oracle.OracleDrafter(oracle.OracleConfig(V)), {}, 'no_such_task', 'test',
-                  {'inputs': 8, 'targets': 8}, benchmark.Setting(), '/nonexistent')
+    benchmark.run(benchmark.ModelPair(module, params, oracle.OracleDrafter(oracle.OracleConfig(V)), {}),
+                  benchmark.TaskSplit('no_such_task', 'test', {'inputs': 8, 'targets': 8}), benchmark.Setting(),
+                  benchmark.Output('/nonexistent'))

@@ -1,7 +1,7 @@
 """Tests for specdec/peers.py and scripts/peer_benchmark.py: specdec beside HF assisted generation.
 
-The pure parts (HF outputs in our layout, generate's arguments, assistant settings, summaries) are checked on
-hand-made data; a tiny end-to-end run (random 1-layer networks exported to HF in a temp dir, 2 examples of the
+The pure parts (HF outputs in our layout, generate's arguments, assistant settings) are checked on hand-made
+data (the rows and the report's arithmetic: peers_report_test.py); a tiny end-to-end run (random 1-layer networks exported to HF in a temp dir, 2 examples of the
 embedded test slices, greedy and temperature 1) checks that greedy outputs agree across frameworks and
 decoders, that the call and token counts add up, that the per-call costs ("where the time goes") are measured,
 and that the report files are written.
@@ -20,11 +20,13 @@ import pytest
 import torch
 import transformers
 
+from specdec import benchmark
 from specdec import checkpoints
 from specdec import evaluation
 from specdec import hf_export
 from specdec import network
 from specdec import peers
+from specdec import peers_report
 from specdec import tasks
 
 TEST_SLICES = os.path.join(tasks.PACKAGE_DIR, 'assets', 'test_slices')
@@ -81,39 +83,6 @@ def test_assistant_settings_are_written_where_transformers_reads_them():
           config.assistant_confidence_threshold) == (4, 'constant', 0.0)
 
 
-def _record(i, tokens, calls, seconds, drafted=0, accepted=0):
-  return {'index': i, 'tokens': tokens, 'target_calls': calls, 'seconds': seconds, 'drafted': drafted,
-          'accepted': accepted, 'drafter_calls': drafted, 'decode': []}
-
-
-def test_summaries_speedups_and_ratios():
-  system = lambda framework, name: peers.System(framework, name, {'temperature': 0.0}, None, None)
-  records = {
-      ('hf', 'baseline'): [_record(0, 10, 10, 1.0), _record(1, 6, 6, 0.5)],
-      ('hf', 'assisted:constant'): [_record(0, 10, 4, 0.5, 12, 6), _record(1, 6, 3, 0.25, 9, 3)],
-      ('ours', 'baseline'): [_record(0, 10, 10, 0.25), _record(1, 6, 6, 0.25)],
-      ('ours', 'speculative'): [_record(0, 10, 4, 0.2, 12, 6), _record(1, 6, 3, 0.2, 9, 3)],
-      ('hf', 'assisted:hf_default'): [_record(0, 10, 5, 0.5), _record(1, 6, 3, 0.5)],
-      ('ours', 'speculative_adaptive'): [_record(0, 10, 5, 0.125), _record(1, 6, 3, 0.125)],
-  }
-  rows = [peers.summarize_system(recs, system(*key), 0.0) for key, recs in records.items()]
-  peers.add_speedups(rows)
-  hf_base, hf_spec, ours_base, ours_spec, _, _ = rows
-  assert hf_base['tokens_per_s'] == pytest.approx(16 / 1.5)
-  assert hf_base['target_calls_per_example'] == 8 and 'drafted' not in hf_base
-  assert hf_spec['speedup_vs_own_baseline'] == pytest.approx(1.5 / 0.75)
-  assert hf_spec['accepted_per_drafted'] == pytest.approx(9 / 21)
-  assert hf_spec['tokens_per_target_call'] == pytest.approx(16 / 7)
-  assert hf_spec['drafted_per_target_call'] == pytest.approx(3)
-  assert ours_spec['speedup_vs_own_baseline'] == pytest.approx(0.5 / 0.4)
-  assert ours_base['ms_per_example_median'] == pytest.approx(250)
-  ratios = {(r['ours'], r['hf']): r['ratio'] for r in peers.ratios(rows)}
-  assert ratios == {('baseline', 'baseline'): pytest.approx((16 / 0.5) / (16 / 1.5)),
-                    ('speculative', 'assisted:constant'): pytest.approx((16 / 0.4) / (16 / 0.75)),
-                    # adaptive against HF's adaptive default
-                    ('speculative_adaptive', 'assisted:hf_default'): pytest.approx((16 / 0.25) / (16 / 1.0))}
-
-
 def test_without_transformers_the_error_names_the_extra(monkeypatch, capsys):
   monkeypatch.setitem(sys.modules, 'transformers', None)  # `import transformers` raises ImportError
   with pytest.raises(ImportError, match=r"pip install -e '\.\[peers\]'"):
@@ -162,15 +131,17 @@ def peer_run(tmp_path_factory):
     checkpoints.save_compact(str(root / name), config, params, storage_dtype=jnp.float32)
   tasks.register_local_tasks(corpus_dir=TEST_SLICES)
   try:
-    summary = peers.run(str(root / 'target'), str(root / 'drafter'), tasks.ENDE_LOCAL_TASK, 'test', LENGTHS,
-                        max_examples=2, gamma=GAMMA, temperatures=(0.0, 1.0), output_dir=str(root / 'out'),
-                        # No adaptive row (draft_confidence=0): every decoder of ours is one more compile.
-                        run_name='tiny', hf_settings=('constant', 'hf_default'), draft_confidence=0.0,
-                        repeats=1, length_buckets=False, log=lambda _: None,
-                        # One torch thread: on a busy test machine more spin against XLA's (timing is moot here).
-                        torch_threads=1,
+    summary = peers.run(str(root / 'target'), str(root / 'drafter'),
+                        benchmark.TaskSplit(tasks.ENDE_LOCAL_TASK, 'test', LENGTHS, max_examples=2),
+                        peers.PeerSetting(
+                            gamma=GAMMA, temperatures=(0.0, 1.0), hf_settings=('constant', 'hf_default'),
+                            # No adaptive row (draft_confidence=0): every decoder of ours is one more compile.
+                            draft_confidence=0.0, repeats=1, length_buckets=False,
+                            # One torch thread: on a busy test machine more spin against XLA's (timing is moot).
+                            torch_threads=1),
                         # Per-call costs of both examples, briefly.
-                        call_cost_repeats=2, call_cost_num_calls=4)
+                        call_costs=peers.CallCostSetting(repeats=2, num_calls=4),
+                        output=peers.PeerOutput(str(root / 'out'), run_name='tiny', log=lambda _: None))
   finally:
     tasks.register_local_tasks()
   return summary, str(root / 'out')
@@ -265,79 +236,13 @@ def test_ours_batched_rows_and_their_report(peer_run):
                                  (0.0,), seed=0, batch_size=2, length_buckets=False, eos_id=1)
   assert [(r['system'], r['batch_size']) for r in rows] == [('baseline@batch2', 2), ('speculative@batch2', 2)]
   assert rows[0]['tokens'] == rows[1]['tokens'] > 0 and all(r['tokens_per_s'] > 0 for r in rows)
-  text = peers.markdown(dict(summary, batched=rows, ours_batch_size=2))
+  text = peers_report.markdown(dict(summary, batched=rows, ours_batch_size=2))
   assert '## Ours at batch 2 vs HF at batch 1 × 2' in text and '| 0 | speculative@batch2 |' in text
 
 
 # -----------------------------------------------------------------------------
 # Where the time goes: per-call costs.
 # -----------------------------------------------------------------------------
-
-MS = {'hf': {'target_encoder': 2.0, 'target_step': 4.0, 'target_verify': 6.0, 'drafter_encoder': 1.0,
-             'drafter_step': 2.0},
-      'ours': {'target_encoder': 0.5, 'target_step': 1.0, 'target_verify': 2.0, 'drafter_encoder': 0.25,
-               'drafter_step': 0.25}}
-
-
-def test_call_cost_ratios_on_hand_made_numbers():
-  r = peers.call_cost_ratios(MS)
-  assert r['hf_over_ours'] == {'target_encoder': 4.0, 'target_step': 4.0, 'target_verify': 3.0,
-                               'drafter_encoder': 4.0, 'drafter_step': 8.0}
-  assert r['verify_over_step'] == {'hf': 1.5, 'ours': 2.0}
-  assert r['c'] == {'hf': 0.5, 'ours': 0.25}
-  zero = {f: dict(v, target_step=0.0) for f, v in MS.items()}
-  assert peers.call_cost_ratios(zero)['c'] == {'hf': None, 'ours': None}
-
-
-def test_model_time_per_token_on_hand_made_numbers():
-  # HF baseline: 2 examples, 20 tokens, 20 target calls, 0.2 s: 10 ms/token measured;
-  # model calls: 2 encoders × 2 ms + 20 steps × 4 ms = 84 ms = 4.2 ms/token; the rest 5.8 ms/token.
-  base = {'framework': 'hf', 'system': 'baseline', 'temperature': 0.0, 'examples': 2, 'tokens': 20,
-          'target_calls': 20, 'seconds': 0.2}
-  t = peers.model_time_per_token(base, MS['hf'])
-  assert t['measured_ms_per_token'] == pytest.approx(10.0)
-  assert t['encoders_ms_per_token'] == pytest.approx(0.2) and t['target_ms_per_token'] == pytest.approx(4.0)
-  assert t['drafter_ms_per_token'] == 0 and t['model_ms_per_token'] == pytest.approx(4.2)
-  assert t['overhead_ms_per_token'] == pytest.approx(5.8) and t['overhead_share'] == pytest.approx(0.58)
-  assert t['target_call_tokens'] == 1.0 and t['drafter_calls_per_example'] == 0
-  # HF assisted: 8 verify calls × 6 ms, 15 drafter calls per example × 2 examples × 2 ms, encoders 2 × (2 + 1).
-  hf_spec = dict(base, system='assisted:constant', target_calls=8, drafted=24, drafted_per_target_call=3.0,
-                 drafter_calls_per_example=15.0, seconds=0.25)
-  t = peers.model_time_per_token(hf_spec, MS['hf'])
-  assert t['model_ms_per_token'] == pytest.approx((6 + 48 + 60) / 20)
-  assert t['drafter_ms_per_token'] == pytest.approx(3.0) and t['target_call_tokens'] == 4.0
-  assert t['overhead_ms_per_token'] == pytest.approx(12.5 - 5.7)
-  # Ours speculative: no drafter call count, one drafter call per draft (24 in all).
-  ours_spec = dict(hf_spec, framework='ours', system='speculative', seconds=0.05)
-  del ours_spec['drafter_calls_per_example']
-  t = peers.model_time_per_token(ours_spec, MS['ours'])
-  assert t['drafter_calls_per_example'] == 12.0
-  assert t['model_ms_per_token'] == pytest.approx((2 * 0.75 + 8 * 2.0 + 24 * 0.25) / 20)
-  assert t['overhead_ms_per_token'] == pytest.approx(2.5 - 23.5 / 20)
-
-
-def test_constant_pair_breakdown_and_sentences():
-  per_token = [
-      {'framework': 'hf', 'system': 'assisted:constant', 'temperature': 0.0, 'model_ms_per_token': 6.0,
-       'overhead_ms_per_token': 6.0, 'overhead_share': 0.5},
-      {'framework': 'ours', 'system': 'speculative', 'temperature': 0.0, 'model_ms_per_token': 1.5,
-       'overhead_ms_per_token': 0.5, 'overhead_share': 0.25},
-  ]
-  pairs = [{'temperature': 0.0, 'ours': 'baseline', 'hf': 'baseline', 'ratio': 3.0},
-           {'temperature': 0.0, 'ours': 'speculative', 'hf': 'assisted:constant', 'ratio': 6.0},
-           {'temperature': 1.0, 'ours': 'speculative', 'hf': 'assisted:constant', 'ratio': 5.0}]  # no costs
-  breakdown = peers.constant_pair_breakdown(per_token, pairs)
-  assert len(breakdown) == 1 and breakdown[0]['ratio'] == 6.0 and breakdown[0]['model_ratio'] == 4.0
-  costs = {'ms': MS, 'ratios': peers.call_cost_ratios(MS), 'per_token': per_token}
-  first, second = peers.call_cost_sentences(costs, pairs, gamma=3)
-  assert first.startswith("HF's 1-token target step costs 4.0× ours (4.00 vs 1.00 ms), its 4-token verify "
-                          "call 3.0× and its drafter step 8.0× ours; c (drafter step / target step) is 0.50 in HF "
-                          "and 0.25 in ours")
-  assert 'a verify call costs 1.50× a 1-token step in HF and 2.00× in ours.' in first
-  assert second == ("At t = 0, ours speculative makes 6.00× HF assisted:constant's tokens/s; their model calls "
-                    "alone take 6.00 vs 1.50 ms per token (4.00×), and the time outside the calls is 6.00 ms per "
-                    "token for HF (50% of its time) vs 0.50 ms for ours (25%).")
-  assert len(peers.call_cost_sentences(dict(costs, per_token=[]), pairs, gamma=3)) == 1
 
 
 def test_hf_decoder_inputs():
@@ -415,10 +320,13 @@ def test_call_costs_off(tmp_path, monkeypatch):
   monkeypatch.setattr(peers, 'measure_call_costs', fail)
   tasks.register_local_tasks(corpus_dir=TEST_SLICES)
   try:
-    summary = peers.run(str(tmp_path / 'target'), str(tmp_path / 'drafter'), tasks.ENDE_LOCAL_TASK, 'test',
-                        LENGTHS, max_examples=1, gamma=GAMMA, temperatures=(0.0,), output_dir=str(tmp_path / 'out'),
-                        run_name='off', hf_settings=('constant',), draft_confidence=0.0, length_buckets=False,
-                        torch_threads=1, write_plot=False, call_costs=False, log=lambda _: None)
+    summary = peers.run(str(tmp_path / 'target'), str(tmp_path / 'drafter'),
+                        benchmark.TaskSplit(tasks.ENDE_LOCAL_TASK, 'test', LENGTHS, max_examples=1),
+                        peers.PeerSetting(gamma=GAMMA, temperatures=(0.0,), hf_settings=('constant',),
+                                          draft_confidence=0.0, length_buckets=False, torch_threads=1),
+                        call_costs=peers.CallCostSetting(measure=False),
+                        output=peers.PeerOutput(str(tmp_path / 'out'), run_name='off', write_plot=False,
+                                                log=lambda _: None))
   finally:
     tasks.register_local_tasks()
   assert summary['call_costs'] is None
@@ -427,10 +335,11 @@ def test_call_costs_off(tmp_path, monkeypatch):
   with open(tmp_path / 'out' / 'off.md') as f:
     assert 'Where the time goes' not in f.read()
   old = {k: v for k, v in summary.items() if k != 'call_costs'}
-  assert 'Where the time goes' not in peers.markdown(old)
+  assert 'Where the time goes' not in peers_report.markdown(old)
   with pytest.raises(ValueError, match='call_cost_examples'):
-    peers.run(str(tmp_path / 'target'), str(tmp_path / 'drafter'), tasks.ENDE_LOCAL_TASK, 'test', LENGTHS,
-              max_examples=1, gamma=GAMMA, call_cost_examples=0)
+    peers.run(str(tmp_path / 'target'), str(tmp_path / 'drafter'),
+              benchmark.TaskSplit(tasks.ENDE_LOCAL_TASK, 'test', LENGTHS, max_examples=1), peers.PeerSetting(GAMMA),
+              call_costs=peers.CallCostSetting(examples=0))
 
 
 def test_script_flag_switches_call_costs_off(monkeypatch, tmp_path):
@@ -439,10 +348,27 @@ def test_script_flag_switches_call_costs_off(monkeypatch, tmp_path):
   seen = []
 
   def fake_run(*args, **kwargs):
-    seen.append(kwargs['call_costs'])
+    seen.append(kwargs['call_costs'].measure)
     return {'rows': [], 'identity': {}, 'call_costs': None}
   monkeypatch.setattr(peers, 'run', fake_run)
   monkeypatch.setattr(tasks, 'register_local_tasks', lambda *a, **k: None)
   argv = ['--out', str(tmp_path), '--run', 'peers']
   assert script.main(argv) == 0 and script.main(argv + ['--no_call_costs']) == 0
   assert seen == [True, False]
+
+
+@pytest.mark.parametrize('setting, call_costs, match', [
+    (peers.PeerSetting(gamma=0), peers.CallCostSetting(), 'gamma'),
+    (peers.PeerSetting(gamma=True), peers.CallCostSetting(), 'gamma'),
+    (peers.PeerSetting(gamma=2, repeats=0), peers.CallCostSetting(), 'repeats'),
+    (peers.PeerSetting(gamma=2, temperatures=(0.5,)), peers.CallCostSetting(), 'temperatures'),
+    (peers.PeerSetting(gamma=2, temperatures=()), peers.CallCostSetting(), 'temperatures'),
+    (peers.PeerSetting(gamma=2), peers.CallCostSetting(num_calls=0), 'call_cost_num_calls=0'),
+])
+def test_validate_names_what_cannot_run(setting, call_costs, match):
+  with pytest.raises(ValueError, match=match):
+    peers.validate(setting, call_costs)
+
+
+def test_validate_ignores_call_cost_fields_when_not_measured():
+  peers.validate(peers.PeerSetting(gamma=2), peers.CallCostSetting(measure=False, examples=0))

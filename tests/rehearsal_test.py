@@ -1,7 +1,7 @@
 """A CPU rehearsal of the Table-2 path on Cloud TPU, on 8 simulated devices.
 
 The steps the TPU run takes, at toy scale, in one spawned process with
-8 CPU devices (see tests/partitioning_test.py for why a helper process):
+8 CPU devices (see tests/sharded_decoding_test.py for why a helper process):
 
 1. "Pre-trained" T5X checkpoints: a tiny T5 1.1 target (2 + 2 layers) and
    drafter (1 + 1 layers), random init, written in T5X's layout (msgpack +
@@ -12,7 +12,7 @@ The steps the TPU run takes, at toy scale, in one spawned process with
    read into the shards, T5X's fine-tuning defaults (Adafactor, constant
    learning rate 1e-3, dropout 0.1), greedy-decode BLEU on validation,
    sharded Orbax checkpoints.
-3. The Table-2 row: `main.run(mode='table')` loads both fine-tuned
+3. The Table-2 row: `main.run` of a 'table' `run_config.RunConfig` loads both fine-tuned
    checkpoints into the shards of a 4x2 mesh and benchmarks greedy
    speculative decoding (gamma 3) against the greedy baseline on the test
    split.
@@ -121,8 +121,10 @@ def _one_device_greedy(checkpoint, examples):
 
 def _case_rehearsal(root):
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  from specdec import benchmark  # pylint: disable=g-import-not-at-top
   from specdec import evaluation  # pylint: disable=g-import-not-at-top
   from specdec import main  # pylint: disable=g-import-not-at-top
+  from specdec import run_config  # pylint: disable=g-import-not-at-top
   assert jax.device_count() == NUM_DEVICES, jax.devices()
   seconds = {}
   start = time.perf_counter()
@@ -157,15 +159,16 @@ def _case_rehearsal(root):
     drafters = [('small', finetuned['small']['checkpoint']), ('self', self_dir)]
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-      table = main.run(
-          output_dir=os.path.join(root, 'table2'), mode='table', task=TASK, split='test',
-          feature_lengths=LENGTHS, target_checkpoint=finetuned['target']['checkpoint'],
-          target_config=TARGET_CFG, drafter_config=DRAFTER_CFG,
+      table = main.run(run_config.RunConfig(
+          output_dir=os.path.join(root, 'table2'), mode='table',
+          data=run_config.DataConfig(task=TASK, split='test', feature_lengths=LENGTHS, max_examples=EXAMPLES,
+                                     corpus_dir=FIXTURE_CORPUS, vocab_path=tasks.DEFAULT_VOCAB_PATH),
+          models=run_config.ModelsConfig(target_checkpoint=finetuned['target']['checkpoint'],
+                                         target_config=TARGET_CFG, drafter_config=DRAFTER_CFG),
+          decoding=benchmark.Setting(batch_size=4, repeats=1, length_buckets=False),
           rows=[main.Row(task=TASK, drafter=name, temperature=0.0, gamma=GAMMA,
                          drafter_checkpoint=checkpoint) for name, checkpoint in drafters],
-          batch_size=4, repeats=1, max_examples=EXAMPLES, length_buckets=False,
-          num_partitions=2, corpus_dir=FIXTURE_CORPUS, vocab_path=tasks.DEFAULT_VOCAB_PATH,
-          table_name='Rehearsal')
+          num_partitions=2, table_name='Rehearsal'))
     seconds['table_row'] = time.perf_counter() - start - sum(seconds.values())
     examples = evaluation.task_examples(TASK, 'test', LENGTHS, EXAMPLES)
   one_device = _one_device_greedy(finetuned['target']['checkpoint'], examples)

@@ -1,4 +1,4 @@
-"""Tests of the pure helpers in scripts/ (the ablation summaries)."""
+"""Tests of the pure helpers in scripts/ (the ablation summaries) and of the XXL plans' command lines."""
 
 import os
 import sys
@@ -174,3 +174,44 @@ def test_compare_drafters_table_with_and_without_shrinking():
   assert 'batch 8' in text and 'a token (fitted)' not in text
   assert '| baseline (shrinking batch) | - | - | **1.200×** | 1.200× | 100% |' in text
   assert '| bigram:1 (shrinking batch) | 0.300 | 1.30 | **1.000×** | 1.200× | NO |' in text
+
+
+# -----------------------------------------------------------------------------
+# xxl_memory_plan and xxl_training_plan: the command lines over specdec's plans
+# -----------------------------------------------------------------------------
+
+
+def test_xxl_memory_plan_writes_reports(tmp_path, monkeypatch):
+  import json  # pylint: disable=g-import-not-at-top
+  import xxl_memory_plan  # pylint: disable=g-import-not-at-top
+  from specdec import network  # pylint: disable=g-import-not-at-top
+  from specdec import xxl_memory_plan as plan  # pylint: disable=g-import-not-at-top
+  small = dict(num_encoder_layers=1, num_decoder_layers=1, head_dim=4, relative_attention_num_buckets=8,
+               relative_attention_max_distance=16, dropout_rate=0.0)
+  target = network.T5Config(vocab_size=64, emb_dim=16, num_heads=4, mlp_dim=32, **small)
+  drafter = network.T5Config(vocab_size=64, emb_dim=8, num_heads=2, mlp_dim=16, **small)
+  monkeypatch.setattr(plan, 'SLICES', {'v4-8': 4})
+  monkeypatch.setattr(plan, 'TASKS', {'ende': (16, 8)})
+  monkeypatch.setattr(plan, 'BATCHES', (1,))
+  monkeypatch.setattr(network, 't5_1_1_config', lambda name, **kw: target if name == 'xxl' else drafter)
+  report = xxl_memory_plan.main(['--out_dir', str(tmp_path)])
+  text = (tmp_path / 'xxl_memory_plan.md').read_text()
+  assert 'python scripts/xxl_memory_plan.py --out_dir' in text
+  assert report['date'] in text and 'jax ' in text
+  assert '| v4-8 | 1 x 4 |' in text
+  saved = (tmp_path / 'xxl_memory_plan.json').read_text()
+  assert '"rows"' in saved and len(report['rows']) == 3
+  assert json.loads(saved) == json.loads(json.dumps(report))
+
+
+def test_xxl_training_plan_writes_the_report(tmp_path):
+  import json  # pylint: disable=g-import-not-at-top
+  import xxl_training_plan  # pylint: disable=g-import-not-at-top
+  from specdec import xxl_training_plan as plan  # pylint: disable=g-import-not-at-top
+  report = xxl_training_plan.main(['--out_dir', str(tmp_path), '--microbatches', '2'])
+  assert [r['name'] for r in report['runs']] == [r.name for r in plan.RUNS]
+  assert all(r['configured']['fits'] for r in report['runs'])
+  text = (tmp_path / 'xxl_training_plan.md').read_text()
+  assert text.count('\n| xxl_') >= 2 and 'python scripts/xxl_training_plan.py --out_dir' in text
+  saved = json.loads((tmp_path / 'xxl_training_plan.json').read_text())
+  assert saved['runs'][0]['chip_hours'] == pytest.approx(report['runs'][0]['chip_hours'])

@@ -3,7 +3,7 @@
 import pytest
 
 from specdec import tables
-from specdec import tasks
+from specdec import task_names as tasks
 
 # The paper's Table 2 (T5-XXL target), copied by hand: (task, drafter, temperature): (γ, α, speedup).
 PAPER_TABLE2 = {

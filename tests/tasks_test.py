@@ -261,8 +261,8 @@ def test_jsonl_check_is_cached_per_file_version(tmp_path, monkeypatch):
   os.remove(path)
   shutil.copy(os.path.join(FIXTURE_CORPUS, "translate_en_de", "train.jsonl"), path)
   calls = []
-  real = tasks.corpora.count_jsonl_rows
-  monkeypatch.setattr(tasks.corpora, "count_jsonl_rows",
+  real = tasks.fileio.count_jsonl_rows
+  monkeypatch.setattr(tasks.fileio, "count_jsonl_rows",
                       lambda lines, where: calls.append(where) or real(lines, where))
   assert tasks.count_jsonl_rows(path) == FIXTURE_ROWS["train"]
   assert tasks.count_jsonl_rows(path) == FIXTURE_ROWS["train"]

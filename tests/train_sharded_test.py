@@ -2,7 +2,7 @@
 
 Sharded runs use 8 CPU devices (XLA_FLAGS
 --xla_force_host_platform_device_count=8) in one spawned helper process, as
-tests/partitioning_test.py explains (the flag must not reach the other tests
+tests/sharded_decoding_test.py explains (the flag must not reach the other tests
 of this pytest process). Every `train.train` run there is 4 steps of a tiny
 T5 1.1 network (1 + 1 layers, 8 heads so that every mesh divides them,
 dropout 0.1, vocab 8192 for the shipped 8100-id vocabulary) on the fixture
@@ -37,6 +37,7 @@ from jax.sharding import PartitionSpec as P
 
 from tests import device_pool
 from specdec import checkpoints
+from specdec import memory
 from specdec import network
 from specdec import partitioning
 from specdec import t5x_checkpoint
@@ -500,9 +501,11 @@ class TestInitFromT5XErrors:
       train.train(str(tmp_path / 'model'), small, **RUN_KWARGS)
     assert not (tmp_path / 'model').exists()
 
-  def test_bad_num_partitions_on_one_device(self, tmp_path, local_tasks):
-    with pytest.raises(ValueError, match='num_partitions=2 does not divide the 1 devices'):
-      self._train(tmp_path, num_partitions=2)
+  def test_bad_num_partitions(self, tmp_path, local_tasks):
+    devices = jax.device_count()  # 1, or 8 under --xla_force_host_platform_device_count=8
+    with pytest.raises(ValueError, match=f'num_partitions={devices + 1} does not divide the '
+                                         f'{devices} devices'):
+      self._train(tmp_path, num_partitions=devices + 1)
     with pytest.raises(ValueError, match='num_partitions must be a positive int'):
       self._train(tmp_path, num_partitions=0)
 
@@ -582,15 +585,16 @@ class TestMainFlags:
         "include 'train/cpu_target.gin'",
         'from __gin__ import dynamic_registration',
         'from specdec import train',
+        'from specdec import train_config',
         "train.make_optimizer.schedule = 'constant'",
         'train.constant_learning_rate.value = 0.001',
-        'train.train.num_partitions = 1',
-        'train.train.parameter_partitioning_dims = 2', '']))
+        'train_config.PartitioningConfig.num_partitions = 1',
+        'train_config.PartitioningConfig.parameter_partitioning_dims = 2', '']))
     seen = self._main(tmp_path, monkeypatch, '--gin.train.constant_learning_rate.value=0.002',
                       gin_file=str(gin_file))
     assert seen['rates'] == pytest.approx([0.002, 0.002])
     assert ('embed', 'data') in seen['rules']
-    assert seen['axis_sizes'] == {'data': 1, 'model': 1}
+    assert seen['axis_sizes'] == {'data': jax.device_count(), 'model': 1}
     assert 'multihost' not in seen
 
   def test_multihost_flag(self, tmp_path, monkeypatch):
@@ -678,7 +682,7 @@ class TestOptimizerStateSpecs:
       leaves = jax.tree_util.tree_leaves(state)
       spec_leaves = jax.tree_util.tree_leaves(specs, is_leaf=lambda x: isinstance(x, P))
       assert len(leaves) == len(spec_leaves)
-      partitioning.leaf_bytes_per_device(state, specs, {'data': 2, 'model': 4})
+      memory.leaf_bytes_per_device(state, specs, {'data': 2, 'model': 4})
 
 
 def test_undivisible_dims():

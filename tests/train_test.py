@@ -1,4 +1,4 @@
-"""Tests for specdec/train.py: short CPU runs of `train.train` on the fixture corpus.
+"""Tests for specdec/train.py: short CPU runs of `train.train` (a Trainer) on the fixture corpus.
 
 The runs use the 'tiny' preset (vocab 8192 for the shipped 8100-id
 vocabulary), fp32, no dropout, feature lengths 32/16 and batches of 4, and a
@@ -33,6 +33,7 @@ from specdec import checkpoints
 from specdec import network
 from specdec import tasks
 from specdec import train
+from specdec import train_config
 
 TESTDATA = os.path.join(os.path.dirname(__file__), 'testdata', 'tasks')
 FIXTURE_CORPUS = os.path.join(TESTDATA, 'corpus')
@@ -848,7 +849,7 @@ class TestDistillationRun:
 
 
 # -----------------------------------------------------------------------------
-# The command line: gin bindings reach train.train and what it calls.
+# The command line: gin bindings reach the TrainConfig and what the Trainer calls.
 # -----------------------------------------------------------------------------
 
 
@@ -921,6 +922,44 @@ class TestMainWithGin:
   def test_optimizer_name_binding_applies(self, stopped_main):
     seen = stopped_main("--gin.train.make_optimizer.name='adamw'")
     assert [name for name, _ in seen['optimizers']] == ['adamw']
+
+
+class TestOldBindings:
+  """Bindings of train.train.NAME, as command lines and gin files of old wrote them."""
+
+  def test_on_the_command_line_they_are_refused_naming_the_binding_now(self, tmp_path):
+    import gin  # pylint: disable=g-import-not-at-top
+    gin.clear_config()
+    try:
+      with pytest.raises(SystemExit, match=r'train.train.num_partitions is now '
+                                           r'train_config.PartitioningConfig.num_partitions'):
+        train.main(['--gin_file=train/cpu_drafter_d3.gin', f"--gin.MODEL_DIR='{tmp_path}/m'",
+                    '--gin.train.train.num_partitions=2'])
+    finally:
+      gin.clear_config()
+    assert not os.path.exists(tmp_path / 'm')
+
+  def test_in_a_gin_file_they_are_refused(self, tmp_path):
+    import gin  # pylint: disable=g-import-not-at-top
+    gin_file = tmp_path / 'old.gin'
+    gin_file.write_text("include 'train/cpu_drafter_d3.gin'\nfrom __gin__ import dynamic_registration\n"
+                        'from specdec import train\ntrain.train.batch_size = 8\n')
+    gin.clear_config()
+    try:
+      with pytest.raises(SystemExit, match=r'a gin file binds train.train.batch_size; bind '
+                                           r'train_config.DataConfig.batch_size instead'):
+        train.main([f'--gin_file={gin_file}', f"--gin.MODEL_DIR='{tmp_path}/m'"])
+    finally:
+      gin.clear_config()
+    assert not os.path.exists(tmp_path / 'm')
+
+
+def test_trainer_checks_before_writing(tmp_path):
+  config = train_config.TrainConfig(
+      str(tmp_path / 'm'), CFG, partitioning=train_config.PartitioningConfig(num_partitions=0))
+  with pytest.raises(ValueError, match='num_partitions must be a positive int'):
+    train.Trainer(config)
+  assert not os.path.exists(tmp_path / 'm')
 
 
 # -----------------------------------------------------------------------------

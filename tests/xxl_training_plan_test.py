@@ -1,9 +1,5 @@
-"""Tests of scripts/xxl_training_plan.py: its arithmetic on a tiny T5 by hand, where XXL fits, and that its runs
+"""Tests of specdec/xxl_training_plan.py: its arithmetic on a tiny T5 by hand, where XXL fits, and that its runs
 are the gin files' (gin/train/table2/*.gin)."""
-
-import json
-import os
-import sys
 
 import gin
 import pytest
@@ -11,9 +7,8 @@ import pytest
 from specdec import gin_utils
 from specdec import network
 from specdec import partitioning
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'scripts'))
-import xxl_training_plan as plan  # pylint: disable=g-import-not-at-top,wrong-import-position
+from specdec import train_config
+from specdec import xxl_training_plan as plan
 
 GIB = 2 ** 30
 # T5X's tiny T5 1.1: emb 32, 4 heads of 8, 2 + 2 layers, mlp 64, vocab 128; bf16 activations (2 bytes).
@@ -165,7 +160,7 @@ def _train_bindings(name):
   value = lambda p: gin.query_parameter(p).scoped_configurable_fn() if isinstance(
       gin.query_parameter(p), gin.config.ConfigurableReference) else gin.query_parameter(p)
   try:
-    return {k: value(f'train.train.{k}') for k in (
+    return {k: value(train_config.selector(k)) for k in (
         'feature_lengths', 'batch_size', 'num_steps', 'num_partitions', 'parameter_partitioning_dims')}
   finally:
     gin.clear_config()
@@ -180,11 +175,14 @@ def test_runs_match_the_gin_files(run):
       run.num_partitions, run.param_dims)
 
 
-def test_main_writes_the_report(tmp_path):
-  report = plan.main(['--out_dir', str(tmp_path), '--microbatches', '2'])
-  assert [r['name'] for r in report['runs']] == [r.name for r in plan.RUNS]
-  assert all(r['configured']['fits'] for r in report['runs'])
-  text = (tmp_path / 'xxl_training_plan.md').read_text()
-  assert text.count('\n| xxl_') >= 2 and 'python scripts/xxl_training_plan.py --out_dir' in text
-  saved = json.loads((tmp_path / 'xxl_training_plan.json').read_text())
-  assert saved['runs'][0]['chip_hours'] == pytest.approx(report['runs'][0]['chip_hours'])
+
+def test_report_and_markdown_of_one_run():
+  run = plan.Run('tiny', 'ende', 8, 4, 64, 10, 1, 1)  # 64 rows: one per chip of the launch slice
+  report = plan.build_report('python scripts/xxl_training_plan.py --x', microbatches=[1, 2],
+                             runs=(run,), slices={'v4-8': 4, plan.LAUNCH_SLICE: 64})
+  [summary] = report['runs']
+  assert summary['name'] == 'tiny_ende' and summary['configured']['slice'] == plan.LAUNCH_SLICE
+  assert summary['chip_hours'] == pytest.approx(plan.chip_hours(summary['step_flops']['total'] * 10))
+  assert all(r['microbatches'] == 1 for r in report['layouts']['tiny_ende'])
+  text = plan.render_markdown(report)
+  assert '`python scripts/xxl_training_plan.py --x`' in text and '\n| tiny_ende | ' in text

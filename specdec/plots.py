@@ -1,0 +1,106 @@
+"""The figures of the reports (matplotlib on the non-interactive Agg backend, imported on first use).
+
+Each `plot_*` draws one report's figure from its summary and writes it as PNG atomically (`save_png`).
+"""
+
+import io
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from specdec import ceiling_report
+from specdec import fileio
+from specdec import reporting
+
+
+def pyplot():
+  """matplotlib.pyplot on the non-interactive Agg backend (imported on first use: plots are optional)."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  return plt
+
+
+def save_png(fig, path: str) -> None:
+  """Writes a figure as PNG atomically (`fileio.atomic_write`) and closes it."""
+  fig.tight_layout()
+  buf = io.BytesIO()
+  fig.savefig(buf, format='png', dpi=110)
+  pyplot().close(fig)
+  fileio.atomic_write(path, buf.getvalue())
+
+
+def plot_benchmark(path: str, summary: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> None:
+  """Per-example wall times (baseline vs speculative) and acceptance per draft position."""
+  plt = pyplot()
+  heads = reporting.batch_heads(records)
+  fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+  base = np.array([1000 * r['baseline_s'] for r in heads])
+  spec = np.array([1000 * r['speculative_s'] for r in heads])
+  ax1.scatter(base, spec, s=10)
+  top = float(max(base.max(), spec.max())) * 1.05
+  ax1.plot([0, top], [0, top], 'k--', lw=1, label='equal time')
+  ax1.plot([0, top], [0, top / 2], 'g:', lw=1, label='2× faster')
+  ax1.set_xlabel('baseline ms per batch')
+  ax1.set_ylabel('speculative ms per batch')
+  ax1.set_title(f"speedup {summary['speedup']:.2f}× (predicted {summary['predicted_speedup_costs']:.2f}×)")
+  ax1.legend()
+  pos = summary['acceptance_per_position']
+  ax2.bar(np.arange(1, len(pos) + 1), [np.nan if x is None else x for x in pos])
+  ax2.axhline(summary['alpha_accept'], color='k', ls='--', lw=1, label=f"α = {summary['alpha_accept']:.2f}")
+  ax2.set_xlabel('draft position')
+  ax2.set_ylabel('P(kept | earlier drafts kept)')
+  ax2.set_ylim(0, 1)
+  ax2.legend()
+  fig.suptitle(f"{summary['task']}, drafter {summary['drafter']}, γ={summary['setting']['gamma']}, "
+               f"t={summary['setting']['temperature']:g}")
+  save_png(fig, path)
+
+
+def plot_peers(path: str, summary: Mapping[str, Any]) -> None:
+  """Tokens/s per system, one group of bars per temperature."""
+  plt = pyplot()
+  rows = summary['rows']
+  temperatures = sorted({r['temperature'] for r in rows})
+  names = list(dict.fromkeys(f"{r['framework']}:{r['system']}" for r in rows))
+  fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(names)), 4))
+  width = 0.8 / len(temperatures)
+  for j, t in enumerate(temperatures):
+    by = {f"{r['framework']}:{r['system']}": r['tokens_per_s'] for r in rows if r['temperature'] == t}
+    ax.bar(np.arange(len(names)) + j * width, [by.get(n, np.nan) for n in names], width, label=f't = {t:g}')
+  ax.set_xticks(np.arange(len(names)) + width * (len(temperatures) - 1) / 2)
+  ax.set_xticklabels(names, rotation=30, ha='right')
+  ax.set_ylabel('tokens/s (batch 1)')
+  ax.set_title(f"{summary['task']}, γ={summary['gamma']}: specdec vs HF assisted generation")
+  ax.legend()
+  save_png(fig, path)
+
+
+def plot_ceiling(path: str, rep: Mapping[str, Any]) -> None:
+  """Speedup against α, one panel per batch size: measured points over the in-loop predicted lines, one
+  colour per γ, and the shipped drafters marked."""
+  plt = pyplot()
+  sizes = sorted({r['batch'] for r in rep['rows']})
+  fig, axes = plt.subplots(1, len(sizes), figsize=(6.2 * len(sizes), 4.6), squeeze=False)
+  gammas = rep['settings']['gammas']
+  colours = plt.get_cmap('viridis')(np.linspace(0.0, 0.9, len(gammas)))
+  for ax, b in zip(axes[0], sizes):
+    for colour, g in zip(colours, gammas):
+      mine = sorted((r for r in rep['rows'] if r['batch'] == b and r['gamma'] == g),
+                    key=lambda r: r['alpha_measured'])
+      x = [r['alpha_measured'] for r in mine]
+      ax.plot(x, [r['predicted_in_loop'] for r in mine], '--', color=colour, lw=1)
+      ax.plot(x, [r['measured_speedup'] for r in mine], 'o', color=colour, ms=5, label=f'γ = {g}')
+    for r in rep['shipped']:
+      if r['batch'] == b:
+        ax.plot([r['alpha_measured']], [r['measured_speedup']], 'k*', ms=11)
+        ax.annotate(f"{r['drafter']} (γ {r['gamma']})", (r['alpha_measured'], r['measured_speedup']),
+                    textcoords='offset points', xytext=(4, -12), fontsize=8)
+    ax.axhline(1.0, color='grey', lw=0.8)
+    ax.set_xlabel('α (accepted / judged)')
+    ax.set_ylabel('measured speedup over the baseline')
+    ax.set_title(f'batch {b}: oracle of {ceiling_report.CONTROLLED} (points measured, dashed in-loop predicted);\n'
+                 '★ the shipped trained drafters', fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc='upper left')
+  save_png(fig, path)

@@ -1,0 +1,63 @@
+"""Tests for specdec/loading.py: a model directory of either kind as (module, params)."""
+
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from specdec import checkpoints
+from specdec import loading
+from specdec import network
+from specdec import ngram
+
+CFG = network.t5_1_1_config('tiny', vocab_size=64)
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope='module')
+def params():
+  return network.init_params(CFG, jax.random.PRNGKey(0))
+
+
+def test_compact_model_is_a_transformer(params, tmp_path):
+  checkpoints.save_compact(str(tmp_path), CFG, params)
+  module, loaded = loading.load_module_and_params(str(tmp_path))
+  assert isinstance(module, network.Transformer) and module.config == CFG
+  _, expected = checkpoints.load_compact(str(tmp_path))
+  for got, want in zip(jax.tree_util.tree_leaves(loaded), jax.tree_util.tree_leaves(expected)):
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_ngram_drafter_is_an_ngram_lm(tmp_path):
+  config = ngram.NgramConfig(vocab_size=CFG.vocab_size)
+  ngram.save(str(tmp_path), config, np.ones(CFG.vocab_size, np.float32), np.zeros((0, 3), np.int64))
+  module, loaded = loading.load_module_and_params(str(tmp_path))
+  assert isinstance(module, ngram.NgramLM) and module.config == config
+  np.testing.assert_array_equal(np.asarray(loaded['log_probs']),
+                                np.asarray(ngram.load(str(tmp_path))[1]['log_probs']))
+
+
+def test_missing_directory(tmp_path):
+  with pytest.raises(FileNotFoundError, match='No model directory at'):
+    loading.load_module_and_params(str(tmp_path / 'no_model'))
+
+
+@pytest.mark.parametrize('content, match', [
+    (b'{"config": {"vocab', 'damaged or incomplete config file'),
+    (b'[1, 2]', 'a JSON list, expected an object'),
+    (b'{}', "no 'config' object"),
+])
+def test_damaged_config_names_the_file(params, tmp_path, content, match):
+  checkpoints.save_compact(str(tmp_path), CFG, params)
+  path = tmp_path / checkpoints.CONFIG_FILE
+  path.write_bytes(content)
+  with pytest.raises(ValueError, match=match) as e:
+    loading.load_module_and_params(str(tmp_path))
+  assert str(e.value).startswith(f'{path}: ')
+
+
+@pytest.mark.parametrize('name, kind', [('target', network.Transformer), ('bigram', ngram.NgramLM)])
+def test_shipped_models(name, kind):
+  module, _ = loading.load_module_and_params(os.path.join(REPO, 'models', 'cpu', name))
+  assert isinstance(module, kind)
