@@ -40,7 +40,6 @@ FIXTURE_CORPUS = os.path.join(TESTDATA, 'corpus')
 
 CFG = network.t5_1_1_config('tiny', vocab_size=8192, dropout_rate=0.0)
 LENGTHS = {'inputs': 32, 'targets': 16}
-BATCH = 4
 FIRST_STEPS = 16
 RESUMED_STEPS = 20
 CHECKPOINT_EVERY = 4
@@ -50,7 +49,7 @@ SCHEDULE = train.learning_rate_schedule
 FAST_SCHEDULE = functools.partial(SCHEDULE, peak=0.01, warmup_steps=1)
 
 RUN_KWARGS = dict(mixture_or_task_name='specdec_local_mix',
-                  feature_lengths=LENGTHS, batch_size=BATCH, seed=0,
+                  feature_lengths=LENGTHS, seed=0,
                   checkpoint_every=CHECKPOINT_EVERY, log_every=1,
                   eval_every=1000, eval_batches=1, eval_decode_examples=0)
 
@@ -68,12 +67,17 @@ def local_tasks():
   tasks.register_local_tasks()
 
 
+def _batch_size() -> int:
+  """4 examples a step, or the fewest that divide over the devices' data axis (e.g. 8 under an 8-device XLA_FLAGS)."""
+  return math.lcm(4, jax.device_count())
+
+
 def _run(model_dir, **kwargs):
   """train.train(...) with RUN_KWARGS and FAST_SCHEDULE; returns (record, printed output)."""
   out = io.StringIO()
   with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out):
     mp.setattr(train, 'learning_rate_schedule', FAST_SCHEDULE)
-    record = train.train(str(model_dir), CFG, **dict(RUN_KWARGS, **kwargs))
+    record = train.train(str(model_dir), CFG, **dict(RUN_KWARGS, batch_size=_batch_size(), **kwargs))
   return record, out.getvalue()
 
 
