@@ -510,15 +510,13 @@ def stored_cost_measurements(output_dir: str, first_batch: Sequence[int], batch_
   were measured on the first batch, so they are reused only when that batch (`first_batch`, its example indices)
   is the one they were measured on. (None, None) when there is nothing to reuse.
   """
-  path = os.path.join(output_dir, 'benchmark.json')
   try:
-    with open(path, encoding='utf-8') as f:
-      stored = json.load(f)
-    with open(os.path.join(output_dir, 'examples.jsonl'), encoding='utf-8') as f:  # complete by now
-      measured_first = sorted(r['index'] for r in map(json.loads, filter(str.strip, f)) if r.get('batch') == 0)
+    stored = fileio.read_json_object(os.path.join(output_dir, 'benchmark.json'))
+    examples = fileio.read_jsonl(os.path.join(output_dir, 'examples.jsonl'))  # complete by now
+    measured_first = sorted(r['index'] for r in examples if r.get('batch') == 0)
   except (OSError, ValueError, KeyError, TypeError):
     return None, None
-  if not isinstance(stored, dict) or not stored.get('costs') or measured_first != list(first_batch):
+  if not stored.get('costs') or measured_first != list(first_batch):
     return None, None
   if stored.get('in_loop_by_rows'):
     in_loop = {int(rows): dict(c) for rows, c in stored['in_loop_by_rows'].items()}
