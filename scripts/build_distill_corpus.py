@@ -2,6 +2,7 @@
 
   python scripts/build_distill_corpus.py --model models/cpu/target --out data/distill_greedy
   python scripts/build_distill_corpus.py --model models/cpu/target --out data/distill_t1 --temperature 1
+  python scripts/build_distill_corpus.py --model models/cpu_v2/target --corpus data/pool --out data/pool_greedy_v2
 
 A drafter only helps speculative decoding as far as it predicts the *target
 model*, on the target model's own prefixes (the drafter always continues what
@@ -12,15 +13,25 @@ prefixes. Greedy decodes (`--temperature 0`) serve greedy speculative decoding;
 samples at temperature 1 (`--temperature 1`, one per input, seeded per batch)
 cover the target's distribution, which sampled speculative decoding verifies
 against. Validation and test splits are copied unchanged (they are scored
-against the references). Each train row keeps the reference as `gold_targets`.
+against the references). Each train row keeps its reference as `gold_targets`
+where it has one: every row of `data/corpus`; in the distillation pool
+(`--corpus data/pool`, scripts/build_distill_pool.py) only the rows of the
+corpus's train split (the others have `targets` "").
 
 `manifest.json` records a fingerprint (model files' sha256, corpus manifest
-sha256, lengths, temperature, seed, max_examples): a re-run resumes finished
-tasks only when it matches, and refuses otherwise (`--overwrite` rebuilds).
+sha256, lengths, temperature, seed, max_examples): a re-run resumes only when
+it matches, and refuses otherwise (`--overwrite` rebuilds).
 
 Inputs are decoded sorted by length in length buckets, so the short En→De
-inputs are not padded to the summarization length. Writes atomically; a
-finished task directory is skipped on re-runs (resumable per task).
+inputs are not padded to the summarization length. The sorted batches are
+dealt into shards of about `--shard_size` inputs (batch b to shard b mod the
+number of shards, so every shard holds inputs of every length and the ETA
+holds); each shard is written atomically as it finishes
+(`<task>/shards/00000.jsonl`), a re-run skips the finished ones, and when all
+are done they are joined into `<task>/train.jsonl` (written atomically; the
+shards are then removed). A finished task (its train.jsonl) is skipped.
+Batches, their PRNG keys and so the decodes are those of an unsharded run
+with the same `--batch_size`.
 """
 
 import argparse
@@ -30,20 +41,20 @@ import shutil
 import sys
 import time
 
-import jax
 import numpy as np
 
-from specdec import decoding
-from specdec import evaluation
-from specdec import fileio
-from specdec import fingerprint as fingerprint_lib
-from specdec import loading
-from specdec import models
-from specdec import tasks
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
 
-TASK_DIRS = {tasks.ENDE_LOCAL_TASK: 'translate_en_de',
-             tasks.SUMMARIZE_LOCAL_TASK: 'summarize_ddtp'}
+from specdec import fileio  # pylint: disable=g-import-not-at-top,wrong-import-position
+from specdec import fingerprint as fingerprint_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
+from specdec import task_names  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+TASK_DIRS = {task_names.ENDE_LOCAL_TASK: 'translate_en_de',
+             task_names.SUMMARIZE_LOCAL_TASK: 'summarize_ddtp'}
 BUCKETS = (16, 32, 64, 96, 128, 256, 512)
+DEFAULT_SHARD_SIZE = 4096
+SHARDS_DIR = 'shards'
+LAYOUT_NAME = 'layout.json'
 
 
 def bucket_length(n: int, max_len: int) -> int:
@@ -86,24 +97,149 @@ def check_resumable(out_dir, want, overwrite):
   raise SystemExit(f'{out_dir} was built with other settings ({diff}): use a new --out or --overwrite.')
 
 
+# -----------------------------------------------------------------------------
+# Batches and shards (pure).
+# -----------------------------------------------------------------------------
+
+
+def plan_batches(input_lengths, batch_size):
+  """Batches of example indices, the examples sorted by input length (stable).
+
+  Batch b holds sorted positions [b * batch_size, (b + 1) * batch_size).
+  """
+  order = np.argsort(np.asarray(input_lengths), kind='stable')
+  return [order[first:first + batch_size] for first in range(0, len(order), batch_size)]
+
+
+def plan_shards(num_batches, batch_size, shard_size):
+  """Batch numbers of each shard: batch b goes to shard b mod K, K = ceil(batches * batch_size / shard_size).
+
+  Dealing the length-sorted batches round-robin gives every shard inputs of
+  every length, so shards take about the same time.
+  """
+  if num_batches == 0:
+    return []
+  num_shards = max(1, min(num_batches, -(-num_batches * batch_size // shard_size)))
+  return [list(range(j, num_batches, num_shards)) for j in range(num_shards)]
+
+
+def shard_path(task_out, j):
+  return os.path.join(task_out, SHARDS_DIR, f'{j:05d}.jsonl')
+
+
+def _check_layout(task_out, layout):
+  """Writes the shards' layout, or raises if finished shards were made with another one."""
+  path = os.path.join(task_out, SHARDS_DIR, LAYOUT_NAME)
+  if os.path.exists(path):
+    have = fileio.read_json_object(path, 'shard layout')
+    if have != layout:
+      diff = ', '.join(f'{k}: {have.get(k)!r} -> {layout[k]!r}' for k in layout if have.get(k) != layout[k])
+      raise SystemExit(f'{os.path.dirname(path)} holds shards of another layout ({diff}): run with the '
+                       'same --batch_size and --shard_size, or delete that folder.')
+    return
+  fileio.write_json(path, layout)
+
+
+def _read_shard(path, indices):
+  """{index: decoded text} of a finished shard, checked against the indices it must hold."""
+  rows = fileio.read_jsonl(path)
+  got = [row['index'] for row in rows]
+  if got != [int(i) for i in indices]:
+    raise SystemExit(f'{path} does not hold the inputs its layout says (delete it to decode it again).')
+  return {row['index']: row['targets'] for row in rows}
+
+
+def decode_task(label, rows, input_lengths, task_out, decode_batch, batch_size,
+                shard_size=DEFAULT_SHARD_SIZE, log=print):
+  """Decodes `rows` shard by shard (resuming finished shards), then writes `task_out`/train.jsonl.
+
+  Args:
+    label: the task's name, for progress lines.
+    rows: the corpus's train rows (dicts), in file order.
+    input_lengths: each row's input length in tokens (sorts the batches).
+    task_out: the task's output folder.
+    decode_batch: `(first, indices) -> texts`: decodes the rows `indices`,
+      the batch starting at sorted position `first`.
+    batch_size, shard_size: see plan_batches and plan_shards.
+    log: progress callback.
+  """
+  batches = plan_batches(input_lengths, batch_size)
+  shards = plan_shards(len(batches), batch_size, shard_size)
+  _check_layout(task_out, {'examples': len(rows), 'batch_size': batch_size, 'shard_size': shard_size,
+                           'shards': len(shards)})
+  decoded = [None] * len(rows)
+  total, done, fresh = len(rows), 0, 0
+  pending = []
+  for j, shard in enumerate(shards):
+    path = shard_path(task_out, j)
+    indices = [int(i) for b in shard for i in batches[b]]
+    if os.path.exists(path):
+      for i, text in _read_shard(path, indices).items():
+        decoded[i] = text
+      done += len(indices)
+    else:
+      pending.append((j, shard))
+  if done:
+    log(f'  {label}: {done}/{total} decoded in {len(shards) - len(pending)} finished shards (resumed)')
+  start = time.perf_counter()
+  for j, shard in pending:
+    texts = {}
+    for b in shard:
+      idx = batches[b]
+      for i, text in zip(idx, decode_batch(b * batch_size, idx)):
+        texts[int(i)] = text
+      done += len(idx)
+      fresh += len(idx)
+      elapsed = time.perf_counter() - start
+      log(f'  {label}: {done}/{total} decoded (shard {j + 1}/{len(shards)}), {fresh / elapsed:.0f} ex/s, '
+          f'ETA {(total - done) * elapsed / fresh / 60:.1f} min')
+    lines = [{'index': i, 'targets': texts[i]} for b in shard for i in (int(x) for x in batches[b])]
+    fileio.write_jsonl(shard_path(task_out, j), lines)
+    for i, text in texts.items():
+      decoded[i] = text
+  lines = []
+  for row, text in zip(rows, decoded):
+    if row.get('targets'):
+      row = dict(row, gold_targets=row['targets'], targets=text)
+    else:
+      row = dict(row, targets=text)
+    lines.append(json.dumps(row, ensure_ascii=False))
+  fileio.atomic_write(os.path.join(task_out, 'train.jsonl'), ('\n'.join(lines) + '\n').encode('utf-8'))
+  shutil.rmtree(os.path.join(task_out, SHARDS_DIR), ignore_errors=True)
+
+
+def copy_eval_splits(corpus_dir, out_dir, task_dir):
+  for split in ('validation', 'test'):
+    dst = os.path.join(out_dir, task_dir, f'{split}.jsonl')
+    shutil.copyfile(os.path.join(corpus_dir, task_dir, f'{split}.jsonl'), dst + '.tmp')
+    os.replace(dst + '.tmp', dst)
+
+
+# -----------------------------------------------------------------------------
+# Decoding with the target (seqio, JAX).
+# -----------------------------------------------------------------------------
+
+
 def distill_task(task_name, corpus_dir, out_dir, predict, params, lengths,
-                 batch_size, max_examples=None, temperature=0.0, seed=0):
+                 batch_size, max_examples=None, temperature=0.0, seed=0,
+                 shard_size=DEFAULT_SHARD_SIZE):
+  import jax  # pylint: disable=g-import-not-at-top
+  from specdec import evaluation  # pylint: disable=g-import-not-at-top
+
   task_dir = TASK_DIRS[task_name]
   src = os.path.join(corpus_dir, task_dir, 'train.jsonl')
   with open(src, encoding='utf-8') as f:
     rows = [json.loads(line) for line in f]
+  t0 = time.perf_counter()
   examples = evaluation.task_examples(task_name, 'train', lengths, max_examples)
+  print(f'  {task_name}: {len(examples)} examples tokenized in {time.perf_counter() - t0:.0f}s', flush=True)
   rows = rows[:len(examples)]
   for row, ex in zip(rows, examples):  # same file order: check it
     if row['inputs'] not in ex['inputs_pretokenized'].decode('utf-8'):
       raise RuntimeError(f'{src}: seqio example order differs from the file order.')
   vocab = seqio_vocab(task_name)
-  order = np.argsort([len(ex['inputs']) for ex in examples], kind='stable')
-  decoded = [None] * len(examples)
-  start = time.perf_counter()
-  done = 0
-  for first in range(0, len(order), batch_size):
-    idx = order[first:first + batch_size]
+
+  def decode_batch(first, idx):
     in_len = bucket_length(max(len(examples[i]['inputs']) for i in idx), lengths['inputs'])
     enc = np.zeros((batch_size, in_len), np.int32)
     for row, i in enumerate(idx):
@@ -111,26 +247,17 @@ def distill_task(task_name, corpus_dir, out_dir, predict, params, lengths,
       enc[row, :len(tokens)] = tokens
     batch = {'encoder_input_tokens': enc,
              'decoder_input_tokens': np.zeros((batch_size, lengths['targets']), np.int32)}
-    # One key per batch, from its first example's index: the same samples whatever --batch_size.
+    # One key per batch, from its first example's sorted position (as before sharding).
     rng = jax.random.fold_in(jax.random.PRNGKey(seed), int(first)) if temperature else None
     out, _ = predict(params, batch, rng)
     out = np.asarray(out)
-    for row, i in enumerate(idx):
-      decoded[i] = vocab.decode(out[row].tolist())
-    done += len(idx)
-    elapsed = time.perf_counter() - start
-    print(f'  {task_name}: {done}/{len(order)} decoded, {done / elapsed:.0f} ex/s, '
-          f'ETA {(len(order) - done) * elapsed / done / 60:.1f} min', flush=True)
-  lines = []
-  for row, text in zip(rows, decoded):
-    row = dict(row, gold_targets=row['targets'], targets=text)
-    lines.append(json.dumps(row, ensure_ascii=False))
-  os.makedirs(os.path.join(out_dir, task_dir), exist_ok=True)
-  fileio.atomic_write(os.path.join(out_dir, task_dir, 'train.jsonl'),
-                      ('\n'.join(lines) + '\n').encode('utf-8'))
-  for split in ('validation', 'test'):
-    shutil.copyfile(os.path.join(corpus_dir, task_dir, f'{split}.jsonl'),
-                    os.path.join(out_dir, task_dir, f'{split}.jsonl'))
+    return [vocab.decode(out[row].tolist()) for row in range(len(idx))]
+
+  task_out = os.path.join(out_dir, task_dir)
+  os.makedirs(task_out, exist_ok=True)
+  decode_task(task_name, rows, [len(ex['inputs']) for ex in examples], task_out, decode_batch,
+              batch_size, shard_size, log=lambda msg: print(msg, flush=True))
+  copy_eval_splits(corpus_dir, out_dir, task_dir)
 
 
 def seqio_vocab(task_name):
@@ -141,9 +268,12 @@ def seqio_vocab(task_name):
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--model', default='models/cpu/target')
-  parser.add_argument('--corpus', default='data/corpus')
+  parser.add_argument('--corpus', default='data/corpus',
+                      help='a corpus directory: data/corpus, or the distillation pool data/pool')
   parser.add_argument('--out', default='data/distill_corpus')
   parser.add_argument('--batch_size', type=int, default=128)
+  parser.add_argument('--shard_size', type=int, default=DEFAULT_SHARD_SIZE,
+                      help='inputs per shard (each written as it finishes; a re-run skips finished ones)')
   parser.add_argument('--inputs_length', type=int, default=96)
   parser.add_argument('--targets_length', type=int, default=48)
   parser.add_argument('--max_examples', type=int, default=None)
@@ -155,6 +285,12 @@ def main():
   args = parser.parse_args()
   if args.temperature < 0:
     raise SystemExit(f'--temperature must be >= 0, got {args.temperature}.')
+  if args.batch_size < 1 or args.shard_size < 1:
+    raise SystemExit('--batch_size and --shard_size must be >= 1.')
+  from specdec import decoding  # pylint: disable=g-import-not-at-top
+  from specdec import loading  # pylint: disable=g-import-not-at-top
+  from specdec import models  # pylint: disable=g-import-not-at-top
+  from specdec import tasks  # pylint: disable=g-import-not-at-top
   tasks.register_local_tasks(args.corpus)
   lengths = {'inputs': args.inputs_length, 'targets': args.targets_length}
   module, params = loading.load_module_and_params(args.model)
@@ -169,7 +305,7 @@ def main():
               'decoding': 'greedy' if args.temperature == 0 else f'sampled, temperature {args.temperature}',
               'fingerprint': want,
               'command': ' '.join(['python scripts/build_distill_corpus.py'] + sys.argv[1:])}
-  # Written first, so a killed run's finished tasks are resumable under the same fingerprint.
+  # Written first, so a killed run's finished tasks and shards are resumable under the same fingerprint.
   fileio.atomic_write(os.path.join(args.out, 'manifest.json'),
                       json.dumps(manifest, indent=2).encode())
   for task_name in TASK_DIRS:
@@ -178,7 +314,8 @@ def main():
       print(f'{marker} exists: skipped (delete it to rebuild).')
       continue
     distill_task(task_name, args.corpus, args.out, predict, {'target': params},
-                 lengths, args.batch_size, args.max_examples, args.temperature, args.seed)
+                 lengths, args.batch_size, args.max_examples, args.temperature, args.seed,
+                 args.shard_size)
 
 
 if __name__ == '__main__':

@@ -16,6 +16,16 @@ output `decodes[..., :L]`; non-zero entries of `inputs[:, 1:]` are a prompt
 that is teacher-forced and excluded from the log-probabilities; after a
 generated EOS a row emits 0.
 
+Feature drafting (`speculative_sample(..., draft_reads_features=True)`): the
+drafter reads the target's final features instead of re-deriving them from
+the text (feature_drafter.py). Then the target's call returns
+`(logits [B, k, V], features [B, k, E], new_cache)`, features[:, j] being what
+its output projection read for logits[:, j], and the drafter is called as
+`draft_tokens_to_logits(state, features [B, k, E])` -> `(logits [B, k, V],
+predicted features [B, k, E], new_cache)`: token j at position p enters with
+the feature of position p-1 (the one that predicted it) and returns its
+prediction of position p's feature.
+
 Each decode function is declared with its kind (`kind_of`): `temperature_sample`
 is AUTOREGRESSIVE (T5X's decode_fn contract, returns (decodes, log_probs)),
 `speculative_sample` is SPECULATIVE (also takes the drafter's cache and
@@ -408,6 +418,11 @@ class SpeculativeLoopState:
     rng: PRNG key (unused on the static greedy path).
     log_prob: [B] log-probability of the sampled tokens under adjusted p.
     stats: per-row counters (see `speculative_sample`); {} unless requested.
+    draft_features: [B, γ+1, E] feature drafting only (else None): the
+      target's features of positions feature_start .. feature_start+γ, from
+      its last verify call (zeros before the first).
+    feature_start: [B] feature drafting only: where those features start
+      (-1 before the first round).
   """
   cur_index: jax.Array
   sequences: jax.Array
@@ -421,6 +436,8 @@ class SpeculativeLoopState:
   rng: jax.Array
   log_prob: jax.Array
   stats: Mapping[str, jax.Array]
+  draft_features: Optional[jax.Array] = None
+  feature_start: Optional[jax.Array] = None
 
 
 def row_axes(state: SpeculativeLoopState, cache_offset: int = 0,
@@ -432,7 +449,9 @@ def row_axes(state: SpeculativeLoopState, cache_offset: int = 0,
       target_cache=batch_shrink.same_axis(state.target_cache, cache_offset),
       draft_cache=batch_shrink.same_axis(state.draft_cache, draft_cache_offset), draft_lag=0,
       ended=0, generated=0, rng=batch_shrink.SHARED, log_prob=0,
-      stats=batch_shrink.same_axis(state.stats, 0))
+      stats=batch_shrink.same_axis(state.stats, 0),
+      draft_features=None if state.draft_features is None else 0,
+      feature_start=None if state.feature_start is None else 0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -449,6 +468,8 @@ class LoopSpec:
     draft_confidence: adaptive drafting; a row stops drafting in a round once
       the drafter's probability of its drawn token is below this (0 = off).
     return_stats: count the per-row statistics.
+    draft_reads_features: feature drafting (module docstring): the target
+      also returns its features, the drafter reads them.
     fast_greedy (derived, not an argument): argmax decoding known at trace
       time (`sampling.static_greedy`) with lenience 1: drafts and verdicts by
       argmax, no normalisation, no random numbers, no q.
@@ -464,6 +485,7 @@ class LoopSpec:
   rescale_log_probs: bool = True
   draft_confidence: float = 0.0
   return_stats: bool = False
+  draft_reads_features: bool = False
   fast_greedy: bool = dataclasses.field(init=False)
 
   def __post_init__(self):
@@ -505,6 +527,8 @@ class DraftCarry(NamedTuple):
     logq_bgv: [B, γ, V] their adjusted log q; None on the static greedy path.
     drafting_b: [B] rows still drafting (adaptive drafting stops them).
     num_drafted_b: [B] drafts made so far.
+    feature_be: [B, E] feature drafting only (else None): the drafter's
+      predicted feature of the last draft's position, fed with it next.
   """
   j: jax.Array
   token_b: jax.Array
@@ -513,6 +537,7 @@ class DraftCarry(NamedTuple):
   logq_bgv: Optional[jax.Array]
   drafting_b: jax.Array
   num_drafted_b: jax.Array
+  feature_be: Optional[jax.Array] = None
 
 
 def _rows_at(x_bl: jax.Array, pos_b: jax.Array) -> jax.Array:
@@ -545,6 +570,31 @@ def _draft_catch_up(spec: LoopSpec, state: SpeculativeLoopState) -> Tuple[jax.Ar
 
   lagging = jnp.any(state.draft_lag & ~state.ended)
   return lax.cond(lagging, lambda: call(2), lambda: call(1))
+
+
+def _feature_catch_up(spec: LoopSpec, state: SpeculativeLoopState
+                      ) -> Tuple[jax.Array, jax.Array, PyTree]:
+  """A feature drafter's first call of a round: (logits [B, V], feature [B, E], cache).
+
+  One fixed-width call on positions s+1 .. s+γ+1 (s = feature_start, the
+  last verify's first position), each token with the target's true feature
+  of the position before it: it rewrites every entry the last round drafted
+  from predicted features. The row's entry at cur_index i (offset i-s-1 <= γ)
+  gives the first draft; entries past i are stale and overwritten before
+  they are read.
+  """
+  gamma = spec.gamma
+  start_b = state.feature_start + 1
+  window_bk = jnp.take_along_axis(state.sequences, start_b[:, None] + jnp.arange(gamma + 1),
+                                  axis=1)
+  logits_bkv, features_bke, cache = spec.draft_tokens_to_logits(
+      DecodingState(cur_index=start_b, sequences=state.sequences, cur_token=window_bk,
+                    cache=state.draft_cache), state.draft_features)
+  cache = _freeze_like(cache, state.draft_cache)
+  at_b11 = jnp.clip(state.cur_index - start_b, 0, gamma)[:, None, None]
+  logits_bv = jnp.take_along_axis(logits_bkv, at_b11, axis=1)[:, 0]
+  feature_be = jnp.take_along_axis(features_bke, at_b11, axis=1)[:, 0]
+  return logits_bv, feature_be.astype(state.draft_features.dtype), cache
 
 
 def _pick_draft(spec: LoopSpec, state: SpeculativeLoopState, j, logits_bv, rng):
@@ -583,7 +633,10 @@ def draft_phase(spec: LoopSpec, state: SpeculativeLoopState,
   """
   gamma, rows = spec.gamma, state.cur_index.shape[0]
   rngs_g = None if rng is None else jax.random.split(rng, gamma)
-  logits_bv, cache = _draft_catch_up(spec, state)
+  if spec.draft_reads_features:
+    logits_bv, feature_be, cache = _feature_catch_up(spec, state)
+  else:
+    (logits_bv, cache), feature_be = _draft_catch_up(spec, state), None
   token_b, logq_bv, confidence_b = _pick_draft(spec, state, 0, logits_bv,
                                                None if rngs_g is None else rngs_g[0])
   tokens_bg = jnp.zeros((rows, gamma), jnp.int32).at[:, 0].set(token_b)
@@ -601,9 +654,15 @@ def draft_phase(spec: LoopSpec, state: SpeculativeLoopState,
 
   def body(carry: DraftCarry) -> DraftCarry:
     j = carry.j
-    logits_b1v, new_cache = spec.draft_tokens_to_logits(DecodingState(
-        cur_index=state.cur_index + j, sequences=state.sequences,
-        cur_token=carry.token_b[:, None], cache=carry.cache))
+    call_state = DecodingState(cur_index=state.cur_index + j, sequences=state.sequences,
+                               cur_token=carry.token_b[:, None], cache=carry.cache)
+    feature_be = None
+    if spec.draft_reads_features:
+      logits_b1v, feature_b1e, new_cache = spec.draft_tokens_to_logits(
+          call_state, carry.feature_be[:, None])
+      feature_be = feature_b1e[:, 0].astype(carry.feature_be.dtype)
+    else:
+      logits_b1v, new_cache = spec.draft_tokens_to_logits(call_state)
     new_cache = _freeze_like(new_cache, carry.cache)
     rng_j = None if rngs_g is None else rngs_g[j]
     token_b, logq_bv, confidence_b = _pick_draft(spec, state, j, logits_b1v[:, 0], rng_j)
@@ -616,33 +675,54 @@ def draft_phase(spec: LoopSpec, state: SpeculativeLoopState,
         tokens_bg=lax.dynamic_update_slice(carry.tokens_bg, token_b[:, None], (0, j)),
         logq_bgv=logq_bgv,
         drafting_b=(drafting_b & (confidence_b >= spec.draft_confidence)) if adaptive else drafting_b,
-        num_drafted_b=carry.num_drafted_b + drafting_b)
+        num_drafted_b=carry.num_drafted_b + drafting_b, feature_be=feature_be)
 
   final = lax.while_loop(cond, body, DraftCarry(
       j=jnp.ones((), jnp.int32), token_b=token_b, cache=cache, tokens_bg=tokens_bg,
-      logq_bgv=logq_bgv, drafting_b=drafting_b, num_drafted_b=num_drafted_b))
+      logq_bgv=logq_bgv, drafting_b=drafting_b, num_drafted_b=num_drafted_b,
+      feature_be=feature_be))
   return Drafts(final.tokens_bg, final.logq_bgv, final.num_drafted_b, final.cache)
 
 
-def verify_phase(spec: LoopSpec, state: SpeculativeLoopState,
-                 drafts: Drafts) -> Tuple[jax.Array, PyTree]:
+class Verified(NamedTuple):
+  """What the verify call returns.
+
+  Attributes:
+    logits_bkv: [B, γ+1, V] the target's logits at positions i..i+γ.
+    cache: the target's cache after the call.
+    features_bke: [B, γ+1, E] its features there (feature drafting only,
+      else None).
+  """
+  logits_bkv: jax.Array
+  cache: PyTree
+  features_bke: Optional[jax.Array] = None
+
+
+def verify_phase(spec: LoopSpec, state: SpeculativeLoopState, drafts: Drafts) -> Verified:
   """ONE target call on [x_i, x_1..x_γ] at positions i..i+γ: logits [B, γ+1, V].
 
   With adaptive drafting the call is only as wide as the longest draft of any
   active row (m+1 tokens; one compiled branch per m): a verify call's cost
-  grows with its width. Logits past m+1 are zeros and never read (no row has
-  a draft there).
+  grows with its width. Logits (and features) past m+1 are zeros and never
+  read (no row has a draft there).
   """
   cur_token_b = _rows_at(state.sequences, state.cur_index)
   tokens_bk = jnp.concatenate([cur_token_b[:, None], drafts.tokens_bg], axis=1)
 
   def call(width):
-    logits_bwv, cache = spec.tokens_to_logits(DecodingState(
+    call_state = DecodingState(
         cur_index=state.cur_index, sequences=state.sequences, cur_token=tokens_bk[:, :width],
-        cache=state.target_cache))
-    pad = spec.gamma + 1 - width
-    logits_bkv = jnp.pad(logits_bwv, ((0, 0), (0, pad), (0, 0))) if pad else logits_bwv
-    return logits_bkv, _freeze_like(cache, state.target_cache)
+        cache=state.target_cache)
+    if spec.draft_reads_features:
+      logits_bwv, features_bwe, cache = spec.tokens_to_logits(call_state)
+      features_bwe = features_bwe.astype(state.draft_features.dtype)
+    else:
+      (logits_bwv, cache), features_bwe = spec.tokens_to_logits(call_state), None
+    pad = ((0, 0), (0, spec.gamma + 1 - width), (0, 0))
+    if width < spec.gamma + 1:
+      logits_bwv = jnp.pad(logits_bwv, pad)
+      features_bwe = None if features_bwe is None else jnp.pad(features_bwe, pad)
+    return Verified(logits_bwv, _freeze_like(cache, state.target_cache), features_bwe)
 
   if spec.draft_confidence <= 0 or spec.gamma == 1:
     return call(spec.gamma + 1)
@@ -673,11 +753,14 @@ def accept_phase(spec: LoopSpec, state: SpeculativeLoopState, drafts: Drafts,
 def commit_phase(spec: LoopSpec, state: SpeculativeLoopState, drafts: Drafts,
                  verdict: sampling.Verdict, logits_bkv: jax.Array,
                  logp_bkv: Optional[jax.Array], target_cache: PyTree,
-                 rng: jax.Array) -> SpeculativeLoopState:
+                 rng: jax.Array, target_features_bke: Optional[jax.Array] = None
+                 ) -> SpeculativeLoopState:
   """Writes the n kept drafts and the next token, advances rows, counts stats.
 
   Rows stop at their length limit and after a generated EOS (written, then
-  nothing more); ended rows write nothing.
+  nothing more); ended rows write nothing. With feature drafting, the verify
+  call's features (`target_features_bke`, positions i..i+γ) are kept for the
+  drafter's next catch-up.
   """
   gamma = spec.gamma
   i_b, n_b = state.cur_index, verdict.num_accepted_b
@@ -715,10 +798,13 @@ def commit_phase(spec: LoopSpec, state: SpeculativeLoopState, drafts: Drafts,
   ended = state.ended | hit_eos_b | (new_i_b >= state.max_len_b)
   stats = (_count_stats(spec, state, drafts, verdict, sampled_bk, in_limit_bk,
                         before_eos_bk, write_bk) if spec.return_stats else state.stats)
+  features = {}
+  if spec.draft_reads_features:
+    features = dict(draft_features=target_features_bke, feature_start=i_b)
   return state.replace(
       cur_index=new_i_b, sequences=sequences, target_cache=target_cache,
       draft_cache=drafts.cache, draft_lag=n_b >= drafts.num_drafted_b, ended=ended,
-      generated=generated, rng=rng, log_prob=log_prob, stats=stats)
+      generated=generated, rng=rng, log_prob=log_prob, stats=stats, **features)
 
 
 def _count_stats(spec, state, drafts, verdict, sampled_bk, in_limit_bk, before_eos_bk,
@@ -757,10 +843,10 @@ def speculative_step(spec: LoopSpec, state: SpeculativeLoopState) -> Speculative
   else:
     rng, draft_rng, accept_rng = jax.random.split(state.rng, 3)
   drafts = draft_phase(spec, state, draft_rng)
-  logits_bkv, target_cache = verify_phase(spec, state, drafts)
-  verdict, logp_bkv = accept_phase(spec, state, drafts, logits_bkv, accept_rng)
-  return commit_phase(spec, state, drafts, verdict, logits_bkv, logp_bkv, target_cache,
-                      state.rng if rng is None else rng)
+  verified = verify_phase(spec, state, drafts)
+  verdict, logp_bkv = accept_phase(spec, state, drafts, verified.logits_bkv, accept_rng)
+  return commit_phase(spec, state, drafts, verdict, verified.logits_bkv, logp_bkv,
+                      verified.cache, state.rng if rng is None else rng, verified.features_bke)
 
 
 def _check_cache_length(cache, length: int, cache_offset: int, name: str) -> None:
@@ -781,8 +867,14 @@ def _check_cache_length(cache, length: int, cache_offset: int, name: str) -> Non
             f'{length}: build the cache with max_decode_length >= {length}.')
 
 
-def _logits_shape(tokens_to_logits, cache, sequences_shape, k, name):
-  """Abstractly evaluates one k-token call: the vocab size, at no cost."""
+def _call_shapes(tokens_to_logits, cache, sequences_shape, k, name, *,
+                 features_in=None, features_out=False):
+  """Abstractly evaluates one k-token call, at no cost: (logits shape, features or None).
+
+  `features_in` (a ShapeDtypeStruct [B, k, E]) is passed as the call's second
+  argument (a feature drafter); `features_out`: the call returns
+  (logits, features, cache), features a ShapeDtypeStruct.
+  """
   rows = sequences_shape[0]
   state = DecodingState(
       cur_index=jax.ShapeDtypeStruct((rows,), jnp.int32),
@@ -791,36 +883,54 @@ def _logits_shape(tokens_to_logits, cache, sequences_shape, k, name):
       cache=jax.tree_util.tree_map(
           lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)),
           cache))
+  args = (state,) if features_in is None else (state, features_in)
+  returns = '(logits, features, new_cache)' if features_out else '(logits, new_cache)'
   try:
-    logits, _ = jax.eval_shape(tokens_to_logits, state)
+    out = jax.eval_shape(tokens_to_logits, *args)
   except Exception as e:  # pylint: disable=broad-except
     raise ValueError(f'{name} failed on a [{rows}, {k}] token block; it must '
                      'accept k >= 1 tokens per row (multi-token contract): '
                      f'{e}') from e
+  if not isinstance(out, tuple) or len(out) != (3 if features_out else 2):
+    raise ValueError(f'{name} must return {returns}.')
+  logits = out[0]
   if logits.ndim != 3 or logits.shape[:2] != (rows, k):
     raise ValueError(f'{name} must return logits [batch, k={k}, vocab] for a '
                      f'[{rows}, {k}] token block, got {logits.shape}.')
-  return logits.shape
+  features = out[1] if features_out else None
+  if features is not None and (features.ndim != 3 or features.shape[:2] != (rows, k)):
+    raise ValueError(f'{name} must return features [batch, k={k}, width] for a '
+                     f'[{rows}, {k}] token block, got {features.shape}.')
+  return logits.shape, features
 
 
 def _check_models(inputs: jax.Array, gamma: int, cache, cache_offset: int, tokens_to_logits,
-                  draft_cache, draft_cache_offset: int, draft_tokens_to_logits) -> None:
+                  draft_cache, draft_cache_offset: int, draft_tokens_to_logits,
+                  draft_reads_features: bool = False) -> Optional[jax.ShapeDtypeStruct]:
   """Raises ValueError when the two models cannot run the loop on `inputs`.
 
   Both caches must hold every decode position, both models must follow the
   multi-token contract and share one vocabulary, and concrete prompt ids
-  must lie in it (traced ones cannot be checked here).
+  must lie in it (traced ones cannot be checked here). With feature
+  drafting, the drafter must return features as wide as the target's;
+  returns the target's features [B, γ+1, E] (shape and dtype), else None.
   """
   batch_size, length = inputs.shape
   _check_cache_length(cache, length, cache_offset, 'cache')
   _check_cache_length(draft_cache, length, draft_cache_offset, 'draft_cache')
   buffer_len = length + gamma + 2
-  target_shape = _logits_shape(tokens_to_logits, cache,
-                               (batch_size, buffer_len), gamma + 1,
-                               'tokens_to_logits')
-  draft_shape = _logits_shape(draft_tokens_to_logits, draft_cache,
-                              (batch_size, buffer_len), 2,
-                              'draft_tokens_to_logits')
+  target_shape, features = _call_shapes(
+      tokens_to_logits, cache, (batch_size, buffer_len), gamma + 1, 'tokens_to_logits',
+      features_out=draft_reads_features)
+  draft_k = gamma + 1 if draft_reads_features else 2
+  draft_shape, draft_features = _call_shapes(
+      draft_tokens_to_logits, draft_cache, (batch_size, buffer_len), draft_k,
+      'draft_tokens_to_logits', features_in=features, features_out=draft_reads_features)
+  if draft_reads_features and draft_features.shape != features.shape:
+    raise ValueError(
+        f'Feature width mismatch: the target returns features {features.shape}, the '
+        f'drafter predicts {draft_features.shape} from them; a feature drafter '
+        "predicts the target's own features.")
   if target_shape[-1] != draft_shape[-1]:
     raise ValueError(
         f'Vocabulary mismatch: the target gives {target_shape[-1]} logits per '
@@ -831,6 +941,7 @@ def _check_models(inputs: jax.Array, gamma: int, cache, cache_offset: int, token
     if concrete.min() < 0 or concrete.max() >= target_shape[-1]:
       raise ValueError(f'inputs holds ids outside [0, {target_shape[-1]}) (the '
                        "target's vocabulary).")
+  return features
 
 
 def _zero_stats(rows: int, gamma: int) -> Dict[str, jax.Array]:
@@ -842,9 +953,19 @@ def _zero_stats(rows: int, gamma: int) -> Dict[str, jax.Array]:
 
 
 def _initial_state(spec: LoopSpec, inputs: jax.Array, max_decode_steps, target_cache: PyTree,
-                   draft_cache: PyTree, rng: jax.Array) -> SpeculativeLoopState:
-  """The loop's state before its first round, for int32 prompts `inputs` [B, L]."""
+                   draft_cache: PyTree, rng: jax.Array,
+                   features: Optional[jax.ShapeDtypeStruct] = None) -> SpeculativeLoopState:
+  """The loop's state before its first round, for int32 prompts `inputs` [B, L].
+
+  With feature drafting (`features`: the target's [., γ+1, E] and dtype),
+  the drafter's first call reads zeros: there is no feature before BOS.
+  """
   rows = inputs.shape[0]
+  feature_state = {}
+  if features is not None:
+    feature_state = dict(
+        draft_features=jnp.zeros((rows,) + features.shape[1:], features.dtype),
+        feature_start=jnp.full((rows,), -1, jnp.int32))
   sequences0 = jnp.pad(inputs, ((0, 0), (0, spec.gamma + 2))).at[:, 0].set(0)
   max_len_b = _max_decode_len(inputs, max_decode_steps)
   return SpeculativeLoopState(
@@ -854,7 +975,7 @@ def _initial_state(spec: LoopSpec, inputs: jax.Array, max_decode_steps, target_c
       target_cache=target_cache, draft_cache=draft_cache, draft_lag=jnp.zeros((rows,), bool),
       ended=max_len_b <= 0, generated=jnp.zeros_like(sequences0, dtype=bool),
       rng=rng, log_prob=jnp.zeros((rows,), jnp.float32),
-      stats=_zero_stats(rows, spec.gamma) if spec.return_stats else {})
+      stats=_zero_stats(rows, spec.gamma) if spec.return_stats else {}, **feature_state)
 
 
 class SpeculativeOutput(NamedTuple):
@@ -894,6 +1015,7 @@ def speculative_sample(
     draft_confidence: float = 0.0,
     return_stats: bool = False,
     shrink_batch: bool = True,
+    draft_reads_features: bool = False,
 ) -> SpeculativeOutput:
   """Speculative sampling: the target's output distribution, fewer target calls.
 
@@ -923,6 +1045,9 @@ def speculative_sample(
       its rows are still decoding (`batch_shrink.shrinking_while_loop`): rows
       that ended stop paying for the others. Same outputs (sampled: other
       random draws).
+    draft_reads_features: feature drafting (module docstring): the target's
+      call also returns its features and the drafter predicts from them
+      (feature_drafter.py builds both functions).
 
   Returns:
     A `SpeculativeOutput` (decodes [B, nd, L], log_prob [B, nd], stats),
@@ -944,19 +1069,20 @@ def speculative_sample(
     decode_rng = jax.random.PRNGKey(0)
   if (max_decode_steps_hard_limit and max_decode_steps is not None):
     max_decode_steps = jnp.minimum(max_decode_steps, max_decode_steps_hard_limit)
-  _check_models(inputs, gamma, cache, cache_offset, tokens_to_logits, draft_cache,
-                draft_cache_offset, draft_tokens_to_logits)
+  features = _check_models(inputs, gamma, cache, cache_offset, tokens_to_logits, draft_cache,
+                           draft_cache_offset, draft_tokens_to_logits, bool(draft_reads_features))
 
   batch_size, length = inputs.shape
   spec = LoopSpec(
       gamma=int(gamma), eos_id=int(eos_id), tokens_to_logits=tokens_to_logits,
       draft_tokens_to_logits=draft_tokens_to_logits, temperature=temperature, topk=topk,
       topp=topp, lenience=lenience, rescale_log_probs=rescale_log_probs,
-      draft_confidence=float(draft_confidence), return_stats=return_stats)
+      draft_confidence=float(draft_confidence), return_stats=return_stats,
+      draft_reads_features=bool(draft_reads_features))
   state0 = _initial_state(
       spec, _expand(inputs, num_decodes).astype(jnp.int32), max_decode_steps,
       expand_cache(cache, num_decodes, cache_offset),
-      expand_cache(draft_cache, num_decodes, draft_cache_offset), decode_rng)
+      expand_cache(draft_cache, num_decodes, draft_cache_offset), decode_rng, features)
   step = functools.partial(speculative_step, spec)
   outputs_fn = lambda s: (s.sequences, s.generated, s.log_prob, s.stats)
   if shrink_batch:

@@ -8,6 +8,12 @@ cross-attention projections computed once), and the gin-configurable
 `decode_fn` is called: `decoding.speculative_sample` (target + drafter) or
 `decoding.temperature_sample` (the baseline, target alone). Which arguments
 it gets and what it returns follow from its declared kind (`decoding.kind_of`).
+
+The drafter is a T5 network, an n-gram model, or a feature head
+(`feature_drafter.FeatureHead`, which reads the target's features: the
+target's call then returns them too). A neural drafter may speak a trimmed
+vocabulary (`draft_vocab_ids`): q = 0 outside it, the target still verifies
+over its whole vocabulary.
 """
 
 import functools
@@ -18,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec import decoding
+from specdec import feature_drafter
 from specdec import network
 
 PyTree = Any
@@ -57,6 +64,8 @@ class SpeculativeEncoderDecoderModel:
       `shrink_batch`.
     max_input_length, max_decode_length: optional limits; longer batches are
       rejected with a ValueError before any compute.
+    draft_vocab_ids: optional sorted token ids [K]: the drafter's logits are
+      computed over these only (a T5 drafter or a feature head).
   """
 
   def __init__(self,
@@ -66,7 +75,8 @@ class SpeculativeEncoderDecoderModel:
                output_vocabulary=None,
                decode_fn: Callable[..., Any] = decoding.speculative_sample,
                max_input_length: Optional[int] = None,
-               max_decode_length: Optional[int] = None):
+               max_decode_length: Optional[int] = None,
+               draft_vocab_ids: Optional[Any] = None):
     self.module = module
     self.drafter_module = drafter_module
     self.input_vocabulary = input_vocabulary
@@ -86,7 +96,20 @@ class SpeculativeEncoderDecoderModel:
       if vocab is not None and vocab.vocab_size > _vocab_size(module):
         raise ValueError(f'{name} has {vocab.vocab_size} ids but the network '
                          f'only {_vocab_size(module)} embeddings.')
+    if isinstance(drafter_module, feature_drafter.FeatureHead):
+      feature_drafter.check_target(drafter_module.config, module.config)
+    self.draft_vocab_ids = None
+    if draft_vocab_ids is not None:
+      self.draft_vocab_ids = check_draft_vocab_ids(draft_vocab_ids, _vocab_size(module))
+      if not isinstance(drafter_module, (network.Transformer, feature_drafter.FeatureHead)):
+        raise ValueError('draft_vocab_ids needs a neural drafter (a T5 network or a feature '
+                         f'head), got {type(drafter_module).__name__}.')
     self._compiled = {}
+
+  @property
+  def feature_drafting(self) -> bool:
+    """Whether the drafter reads the target's features."""
+    return isinstance(self.drafter_module, feature_drafter.FeatureHead)
 
   @property
   def eos_id(self) -> int:
@@ -104,7 +127,9 @@ class SpeculativeEncoderDecoderModel:
     params = {TARGET: network.init_params(self.module.config, target_rng,
                                           input_len=input_len,
                                           target_len=target_len)}
-    if self.drafter_module is not None:
+    if self.feature_drafting:
+      params[DRAFTER] = feature_drafter.init_params(self.drafter_module.config, drafter_rng)
+    elif self.drafter_module is not None:
       params[DRAFTER] = network.init_params(self.drafter_module.config,
                                             drafter_rng, input_len=input_len,
                                             target_len=target_len)
@@ -162,12 +187,15 @@ class SpeculativeEncoderDecoderModel:
   # -------------------------------------------------------------------------
 
   def decoder_fns(self, module, params, encoder_input_tokens, max_decode_length,
-                   constrain_cache: Optional[Callable[[PyTree], PyTree]] = None):
+                   constrain_cache: Optional[Callable[[PyTree], PyTree]] = None,
+                   vocab_ids: Optional[jax.Array] = None):
     """Encodes once and returns (cache, tokens_to_logits) for one network.
 
     `constrain_cache` (e.g. sharding constraints, see sharded_decoding.py) is
     applied to the new cache and to the cache after every decode step, so
-    the loop carries it with a fixed layout.
+    the loop carries it with a fixed layout. With `vocab_ids` [K] (a T5
+    network) the logits are computed over those tokens only and are -inf at
+    every other token.
     """
     constrain = constrain_cache or (lambda cache: cache)
     encoded = module.apply({'params': params}, encoder_input_tokens,
@@ -176,10 +204,14 @@ class SpeculativeEncoderDecoderModel:
                                 encoder_input_tokens, max_decode_length,
                                 method=module.init_cache, mutable=['cache'])
 
+    extra = {} if vocab_ids is None else {'vocab_ids': jnp.asarray(vocab_ids, jnp.int32)}
+
     def tokens_to_logits(state: decoding.DecodingState):
       logits, new_vars = module.apply(
           {'params': params, 'cache': state.cache}, state.cur_token,
-          state.cur_index, method=module.decode_step, mutable=['cache'])
+          state.cur_index, method=module.decode_step, mutable=['cache'], **extra)
+      if vocab_ids is not None:
+        logits = feature_drafter.widen_logits(logits, extra['vocab_ids'], _vocab_size(module))
       return logits, constrain(new_vars.get('cache', {}))
 
     # A stateless drafter (e.g. an n-gram model) has an empty cache.
@@ -235,17 +267,25 @@ class SpeculativeEncoderDecoderModel:
     inputs = (decoder_input_tokens if prompt_with_targets
               else jnp.zeros_like(decoder_input_tokens))
 
-    cache, tokens_to_logits = self.decoder_fns(
-        self.module, params[TARGET], encoder_input_tokens, max_decode_length,
-        constrain_cache)
+    kind = decoding.kind_of(self.decode_fn)
+    if kind == decoding.SPECULATIVE and self.feature_drafting:
+      cache, tokens_to_logits, draft_cache, draft_tokens_to_logits = (
+          feature_drafter.decoder_fns(
+              self.module, params[TARGET], self.drafter_module, params[DRAFTER],
+              encoder_input_tokens, max_decode_length, self.draft_vocab_ids, constrain_cache))
+      decoder_params['draft_reads_features'] = True
+    else:
+      cache, tokens_to_logits = self.decoder_fns(
+          self.module, params[TARGET], encoder_input_tokens, max_decode_length,
+          constrain_cache)
     kwargs = dict(inputs=inputs, cache=cache, tokens_to_logits=tokens_to_logits,
                   eos_id=self.eos_id, decode_rng=rng, num_decodes=num_decodes,
                   cache_offset=0)
-    kind = decoding.kind_of(self.decode_fn)
     if kind == decoding.SPECULATIVE:
-      draft_cache, draft_tokens_to_logits = self.decoder_fns(
-          self.drafter_module, params[DRAFTER], encoder_input_tokens,
-          max_decode_length, constrain_cache)
+      if not self.feature_drafting:
+        draft_cache, draft_tokens_to_logits = self.decoder_fns(
+            self.drafter_module, params[DRAFTER], encoder_input_tokens,
+            max_decode_length, constrain_cache, self.draft_vocab_ids)
       kwargs.update(draft_cache=draft_cache,
                     draft_tokens_to_logits=draft_tokens_to_logits)
     else:
@@ -304,6 +344,9 @@ class SpeculativeEncoderDecoderModel:
     Tokens are weighted by `decoder_loss_weights` when present, else by
     `decoder_target_tokens > 0`. `which` selects 'target' or 'drafter'.
     """
+    if which == DRAFTER and self.feature_drafting:
+      raise ValueError("score_batch(which='drafter'): a feature head drafts from the target's "
+                       'features and has no teacher-forced score of its own; score the target.')
     module = self.module if which == TARGET else self.drafter_module
     targets = batch['decoder_target_tokens']
     logits = module.apply(
@@ -317,3 +360,17 @@ class SpeculativeEncoderDecoderModel:
     if weights is None:
       weights = targets > 0
     return jnp.sum(log_probs * weights, axis=-1)
+
+
+def check_draft_vocab_ids(vocab_ids, vocab_size: int) -> np.ndarray:
+  """A trimmed draft vocabulary as sorted unique int32 ids in [0, vocab_size); ValueError otherwise."""
+  ids = np.asarray(vocab_ids)
+  if ids.ndim != 1 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
+    raise ValueError(f'draft_vocab_ids must be a non-empty 1-D array of token ids, got shape '
+                     f'{ids.shape} and dtype {ids.dtype}.')
+  if ids.min() < 0 or ids.max() >= vocab_size:
+    raise ValueError(f'draft_vocab_ids holds ids outside [0, {vocab_size}) (the target\'s '
+                     'vocabulary).')
+  if np.any(np.diff(ids) <= 0):
+    raise ValueError('draft_vocab_ids must be sorted and unique.')
+  return ids.astype(np.int32)

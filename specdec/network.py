@@ -579,25 +579,52 @@ class Decoder(nn.Module):
     return _dropout(self, y, self.config.dropout_rate, deterministic,
                     broadcast_dims=(-2,))
 
-  def _logits(self, y: Array, deterministic: bool) -> Array:
+  def _features(self, y: Array, deterministic: bool) -> Array:
+    """The final features: what the output projection reads, [..., E]."""
     y = self.decoder_norm(y)
-    y = _dropout(self, y, self.config.dropout_rate, deterministic,
-                 broadcast_dims=(-2,))
-    if self.config.logits_via_embedding:
+    return _dropout(self, y, self.config.dropout_rate, deterministic,
+                    broadcast_dims=(-2,))
+
+  def project(self, features: Array, vocab_ids: Optional[Array] = None) -> Array:
+    """Logits [..., V] float32 of final features; over `vocab_ids` [K] only, [..., K], when given.
+
+    A subset costs K/V of the full projection: the rows of the other tokens
+    are never read.
+    """
+    cfg = self.config
+    if cfg.logits_via_embedding:
       # Embedding rows are ~normal(1.0): T5X rescales tied logits by
       # 1/sqrt(emb_dim).
-      return self.shared_embedding.attend(y) / np.sqrt(y.shape[-1]).astype(
-          np.float32)
-    return self.logits_dense(y)
+      scale = np.sqrt(features.shape[-1]).astype(np.float32)
+      if vocab_ids is None:
+        return self.shared_embedding.attend(features) / scale
+      rows_ke = jnp.take(self.shared_embedding.embedding, vocab_ids, axis=0)
+      return _project(features.astype(jnp.float32), rows_ke.T) / scale
+    if vocab_ids is None or self.is_initializing():
+      return self.logits_dense(features)
+    kernel_ev = self.logits_dense.variables['params']['kernel']
+    # float32, as the full projection (logits_dense's dtype).
+    kernel_ek = jnp.take(kernel_ev, vocab_ids, axis=1).astype(jnp.float32)
+    return _project(features.astype(jnp.float32), kernel_ek)
+
+  def _logits(self, y: Array, deterministic: bool) -> Array:
+    return self.project(self._features(y, deterministic))
+
+  def _outputs(self, y: Array, deterministic: bool, return_features: bool,
+               vocab_ids: Optional[Array]):
+    features = self._features(y, deterministic)
+    logits = self.project(features, vocab_ids)
+    return (logits, features) if return_features else logits
 
   def __call__(self, encoded_bse: Array, tokens_bt: Array, self_mask: Array,
-               cross_mask: Array, deterministic: bool) -> Array:
+               cross_mask: Array, deterministic: bool,
+               return_features: bool = False) -> Array:
     y = self._embed(tokens_bt, deterministic)
     positions_1t = jnp.arange(tokens_bt.shape[1])[None]
     bias = self.relpos_bias(positions_1t, positions_1t)
     for layer in self.layers:
       y = layer(y, encoded_bse, self_mask, cross_mask, bias, deterministic)
-    return self._logits(y, deterministic)
+    return self._outputs(y, deterministic, return_features, None)
 
   def init_cache(self, encoded_bse: Array, encoder_valid_bs: Array,
                  max_decode_length: int):
@@ -606,7 +633,8 @@ class Decoder(nn.Module):
       layer.init_cache(encoded_bse, max_decode_length)
 
   def decode_step(self, tokens_bk: Array, positions_b: Array,
-                  deterministic: bool) -> Array:
+                  deterministic: bool, return_features: bool = False,
+                  vocab_ids: Optional[Array] = None) -> Array:
     offsets_k = jnp.arange(tokens_bk.shape[1], dtype=positions_b.dtype)
     positions_bk = positions_b[:, None] + offsets_k[None]
     length = self.layers[0].self_attention.cache_length()
@@ -618,7 +646,7 @@ class Decoder(nn.Module):
     for layer in self.layers:
       y = layer.decode_step(y, positions_bk, bias_bhkl, cross_mask_b11s,
                             deterministic)
-    return self._logits(y, deterministic)
+    return self._outputs(y, deterministic, return_features, vocab_ids)
 
 
 # -----------------------------------------------------------------------------
@@ -657,8 +685,11 @@ class Transformer(nn.Module):
              encoder_segment_ids: Optional[Array] = None,
              decoder_segment_ids: Optional[Array] = None,
              decoder_positions: Optional[Array] = None, *,
-             enable_dropout: bool = True) -> Array:
+             enable_dropout: bool = True, return_features: bool = False) -> Array:
     """Teacher-forced decoder: logits [B, T, V] float32.
+
+    With `return_features`: (logits, features [B, T, E]), the final features
+    being what the output projection reads (see `project`).
 
     Masks as T5X. Self-attention: causal, and query and key both non-padding
     by `decoder_target_tokens > 0` (input tokens start with BOS = 0, so they
@@ -681,7 +712,8 @@ class Transformer(nn.Module):
       cross_mask &= _same_segment_mask(decoder_segment_ids,
                                        encoder_segment_ids)
     return self.decoder(encoded, decoder_input_tokens, self_mask, cross_mask,
-                        deterministic=not enable_dropout)
+                        deterministic=not enable_dropout,
+                        return_features=return_features)
 
   def __call__(self, encoder_input_tokens: Array, decoder_input_tokens: Array,
                decoder_target_tokens: Array,
@@ -729,8 +761,12 @@ class Transformer(nn.Module):
                             int(max_decode_length))
 
   def decode_step(self, decoder_input_tokens: Array, decoder_positions: Array,
-                  *, enable_dropout: bool = False) -> Array:
+                  *, enable_dropout: bool = False, return_features: bool = False,
+                  vocab_ids: Optional[Array] = None) -> Array:
     """k >= 1 tokens a row through the cache: logits [B, k, V] float32.
+
+    With `return_features`: (logits, features [B, k, E]). With `vocab_ids`
+    [K]: logits over those tokens only, [B, k, K] (see `project`).
 
     Apply with {'params': ..., 'cache': ...} and mutable=['cache']. Token j
     of row b sits at position decoder_positions[b] + j: its key/value is
@@ -754,7 +790,22 @@ class Transformer(nn.Module):
           f'{decoder_input_tokens.shape} and {decoder_positions.shape}.')
     return self.decoder.decode_step(decoder_input_tokens,
                                     decoder_positions.astype(jnp.int32),
-                                    deterministic=not enable_dropout)
+                                    deterministic=not enable_dropout,
+                                    return_features=return_features,
+                                    vocab_ids=vocab_ids)
+
+  def project(self, features: Array, vocab_ids: Optional[Array] = None) -> Array:
+    """The output projection of final features [..., E]: logits [..., V] float32.
+
+    Over `vocab_ids` [K] only ([..., K]) when given. A feature drafter
+    (feature_drafter.py) predicts features and reads them out here, through
+    the target's own projection.
+    """
+    return self.decoder.project(features, vocab_ids)
+
+  def embed(self, tokens: Array) -> Array:
+    """The shared token embedding [..., E] (config.dtype)."""
+    return self.token_embedder(tokens)
 
 
 # -----------------------------------------------------------------------------

@@ -254,7 +254,7 @@ def time_phases(target_module, target_params, drafter_module, drafter_params,
       rng=jax.random.PRNGKey(0), log_prob=jnp.zeros((rows,), jnp.float32), stats={})
   rng = None if spec.fast_greedy else jax.random.PRNGKey(1)
   drafts0 = decoding.draft_phase(spec, state0, rng)
-  logits0, _ = decoding.verify_phase(spec, state0, drafts0)
+  logits0, _, _ = decoding.verify_phase(spec, state0, drafts0)
   verdict0, logp0 = decoding.accept_phase(spec, state0, drafts0, logits0, rng)
 
   def replay(state, acc):
@@ -273,7 +273,7 @@ def time_phases(target_module, target_params, drafter_module, drafter_params,
 
   def verify_only(carry):
     state, acc = carry
-    logits, cache = decoding.verify_phase(spec, replay(state, acc), drafts0)
+    logits, cache, _ = decoding.verify_phase(spec, replay(state, acc), drafts0)
     return state.replace(target_cache=cache), acc + jnp.sum(jnp.argmax(logits, axis=-1))
 
   def accept_only(carry):

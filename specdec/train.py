@@ -428,6 +428,8 @@ class Trainer:
   config.num_steps (or max_minutes), evaluates, and exports.
   """
 
+  COMMAND = 'python -m specdec.train'  # what run records say made a run
+
   def __init__(self, config: train_config.TrainConfig):
     self.config = config
     self.feature_lengths = dict(config.data.feature_lengths)
@@ -611,7 +613,7 @@ class Trainer:
     self.run_record = {
         'run_id': f'{self.run_started:.6f}-{os.getpid()}',
         'started': time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(self.run_started)),
-        'command': ' '.join(['python -m specdec.train'] + sys.argv[1:]),
+        'command': ' '.join([self.COMMAND] + sys.argv[1:]),
         'from_step': start_step}
     self._note_run(start_step)
 
@@ -784,13 +786,14 @@ def _standard_save(state):
   return ocp.args.StandardSave(state)
 
 
-def main(argv=None):
-  """`python -m specdec.train [--multihost] --gin_file=... --gin.NAME=VALUE ...`.
+def parse_config(argv, program: str = 'specdec.train') -> train_config.TrainConfig:
+  """The TrainConfig of a command line (`--gin_file=... --gin.NAME=VALUE [--multihost]`).
 
   `--multihost` initialises multi-host JAX first (`partitioning.initialize_multihost`:
-  every host of a TPU pod slice runs the same command).
+  every host of a TPU pod slice runs the same command). Errors end in one line
+  naming `program`.
   """
-  files, bindings, rest = gin_utils.split_gin_args(sys.argv[1:] if argv is None else argv)
+  files, bindings, rest = gin_utils.split_gin_args(argv)
   multihost = '--multihost' in rest
   rest = [a for a in rest if a != '--multihost']
   if rest:
@@ -802,14 +805,23 @@ def main(argv=None):
     # A command line of old binds train.train.NAME: refused, naming its TrainConfig binding.
     gin_utils.parse(files, bindings, renamed=train_config.FORMER_TRAIN_PARAMETERS)
   except gin_utils.GinConfigError as e:  # a typo: one line, not a traceback
-    raise SystemExit(f'specdec.train: {e}') from None
+    raise SystemExit(f'{program}: {e}') from None
   stale = train_config.old_bindings()
   if stale:
-    raise SystemExit(f'specdec.train: a gin file binds train.train.{stale[0]}; bind '
+    raise SystemExit(f'{program}: a gin file binds train.train.{stale[0]}; bind '
                      f'{train_config.selector(stale[0])} instead.')
   # The gin files register train_config's classes (dynamic registration);
   # their configurable versions carry the bindings.
-  Trainer(_configured(train_config.TrainConfig)()).run()
+  return _configured(train_config.TrainConfig)()
+
+
+def main(argv=None):
+  """`python -m specdec.train [--multihost] --gin_file=... --gin.NAME=VALUE ...` (see `parse_config`)."""
+  config = parse_config(sys.argv[1:] if argv is None else argv)
+  if config.feature_head.target_dir:
+    raise SystemExit('specdec.train: feature_head.target_dir is bound: a feature head trains '
+                     'with python -m specdec.feature_training.')
+  Trainer(config).run()
 
 
 if __name__ == '__main__':

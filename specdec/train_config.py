@@ -4,7 +4,8 @@
 checkpointing, export) and one section per concern: `DataConfig` (what is
 trained on, in what batches), `InitConfig` (where the params start),
 `DistillConfig` (a teacher to distil from), `EvalConfig` (periodic
-evaluation) and `PartitioningConfig` (the device mesh). The optimizer and
+evaluation), `PartitioningConfig` (the device mesh) and
+`FeatureHeadTrainConfig` (a feature head for a frozen target instead). The optimizer and
 its learning-rate schedule are gin-configurable functions of specdec/train.py
 (`make_optimizer`, `learning_rate_schedule`, `constant_learning_rate`).
 
@@ -123,6 +124,36 @@ class PartitioningConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class FeatureHeadTrainConfig:
+  """Training a feature head (specdec/feature_drafter.py) for a frozen target.
+
+  With `target_dir` (a compact T5 model) the run trains a head that drafts
+  from that target's features, instead of a T5 network: `network_config` is
+  then the target's (read from target_dir; what gin binds is not used).
+  Head sizes: `width`, `num_layers`, `num_heads`, `head_dim`, `mlp_dim`.
+  Loss per depth: `feature_weight` SmoothL1 + `ce_weight` CE, over
+  `unroll_steps` depths weighted `step_decay`**s (1: EAGLE; > 1: EAGLE-3's
+  training-time test). `draft_vocab_file`: a JSON list of token ids, the
+  head's trimmed vocabulary (scripts/draft_vocab.py), or None (all).
+  Evaluation: first-draft agreement with the target on its own greedy decodes
+  of `eval_examples` validation inputs of each of EvalConfig's
+  `eval_decode_tasks`.
+  """
+  target_dir: Optional[str] = None
+  width: int = 128
+  num_layers: int = 1
+  num_heads: int = 2
+  head_dim: int = 64
+  mlp_dim: int = 512
+  ce_weight: float = 0.1
+  feature_weight: float = 1.0
+  unroll_steps: int = 1
+  step_decay: float = 0.8
+  draft_vocab_file: Optional[str] = None
+  eval_examples: int = 256
+
+
+@dataclasses.dataclass(frozen=True)
 class TrainConfig:
   """One training run of `network_config` into `model_dir` (resumed if it holds checkpoints).
 
@@ -146,12 +177,14 @@ class TrainConfig:
   distill: DistillConfig = _section(DistillConfig)
   evaluation: EvalConfig = _section(EvalConfig)
   partitioning: PartitioningConfig = _section(PartitioningConfig)
+  feature_head: FeatureHeadTrainConfig = _section(FeatureHeadTrainConfig)
 
 
 # The section (TrainConfig field) of each section class.
 SECTIONS: Dict[str, type] = {
     'data': DataConfig, 'init': InitConfig, 'distill': DistillConfig,
-    'evaluation': EvalConfig, 'partitioning': PartitioningConfig}
+    'evaluation': EvalConfig, 'partitioning': PartitioningConfig,
+    'feature_head': FeatureHeadTrainConfig}
 
 # Each flat name (a keyword of the old train.train) -> its section, None for TrainConfig's own.
 FIELD_SECTIONS: Dict[str, Optional[str]] = dict(

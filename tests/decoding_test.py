@@ -539,7 +539,7 @@ class TestPhases:
     prefix = [0, 3, 6, 2]
     target, _, spec, state = self._setup(prefix)
     drafts = decoding.Drafts(jnp.asarray([[5, 4, 8]]), None, jnp.asarray([3]), state.draft_cache)
-    logits_bkv, _ = decoding.verify_phase(spec, state, drafts)
+    logits_bkv, _, _ = decoding.verify_phase(spec, state, drafts)
     assert logits_bkv.shape == (1, self.GAMMA + 1, self.VOCAB)
     for j in range(self.GAMMA + 1):
       np.testing.assert_allclose(np.asarray(logits_bkv[0, j]),
@@ -549,7 +549,7 @@ class TestPhases:
     prefix = [0, 3, 6, 2]
     target, _, spec, state = self._setup(prefix, draft_confidence=0.5)
     drafts = decoding.Drafts(jnp.asarray([[5, 4, 8]]), None, jnp.asarray([1]), state.draft_cache)
-    logits_bkv, cache = decoding.verify_phase(spec, state, drafts)
+    logits_bkv, cache, _ = decoding.verify_phase(spec, state, drafts)
     np.testing.assert_allclose(np.asarray(logits_bkv[0, 1]), target.prefix_logits(prefix + [5]), rtol=1e-6)
     assert np.all(np.asarray(logits_bkv[0, 2:]) == 0)
     # Two tokens written (positions 3 and 4), nothing past them.
@@ -561,7 +561,7 @@ class TestPhases:
     best = self._greedy_continuation(target, prefix, 3)
     drafts = decoding.Drafts(jnp.asarray([[best[0], (best[1] + 1) % self.VOCAB, best[2]]]), None,
                              jnp.asarray([3]), state.draft_cache)
-    logits_bkv, _ = decoding.verify_phase(spec, state, drafts)
+    logits_bkv, _, _ = decoding.verify_phase(spec, state, drafts)
     verdict, logp = decoding.accept_phase(spec, state, drafts, logits_bkv, None)
     assert logp is None
     assert int(verdict.num_accepted_b[0]) == 1

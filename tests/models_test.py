@@ -9,6 +9,7 @@ import pytest
 import seqio
 
 from specdec import decoding
+from specdec import feature_drafter
 from specdec import models
 from specdec import network
 
@@ -306,3 +307,60 @@ class TestValidation:
       spec_model.compile_predict({'temperature': 0.0, 'gamma': 0})(params, _batch())
     with pytest.raises(ValueError, match='temperature'):
       spec_model.compile_predict({'temperature': -1.0})(params, _batch())
+
+
+class TestFeatureHeadAndTrimmedDrafts:
+  """A feature head or a trimmed T5 drafter through the model: the target's greedy outputs."""
+
+  HEAD_CFG = feature_drafter.FeatureHeadConfig(
+      feature_dim=TARGET_CFG.emb_dim, vocab_size=VOCAB, width=16, num_layers=1, num_heads=2,
+      head_dim=8, mlp_dim=32)
+
+  def _feature_model(self, **kwargs):
+    return models.SpeculativeEncoderDecoderModel(
+        network.Transformer(TARGET_CFG), feature_drafter.FeatureHead(self.HEAD_CFG), **kwargs)
+
+  @pytest.mark.parametrize('trimmed', [False, True])
+  def test_feature_head_greedy_identity(self, base_model, params, trimmed):
+    ids = np.arange(0, VOCAB, 2) if trimmed else None
+    model = self._feature_model(draft_vocab_ids=ids)
+    fparams = {'target': params['target'],
+               'drafter': model.get_initial_params(jax.random.PRNGKey(4))['drafter']}
+    batch = _batch(seed=21, prompts=True)
+    base, base_aux = base_model.compile_predict({'temperature': 0.0})(params, batch)
+    spec, aux = model.compile_predict(
+        {'temperature': 0.0, 'gamma': 3, 'return_stats': True})(fparams, batch)
+    np.testing.assert_array_equal(spec, base)
+    np.testing.assert_array_equal(aux['scores'], base_aux['scores'])
+    sampled, _ = model.compile_predict({'temperature': 1.0, 'topk': 0, 'gamma': 3})(
+        fparams, batch, jax.random.PRNGKey(0))
+    assert sampled.shape == base.shape
+
+  def test_trimmed_t5_drafter_greedy_identity(self, spec_model, base_model, params):
+    model = models.SpeculativeEncoderDecoderModel(
+        network.Transformer(TARGET_CFG), network.Transformer(DRAFTER_CFG),
+        draft_vocab_ids=np.arange(1, VOCAB, 3))
+    batch = _batch(seed=22)
+    base, _ = base_model.compile_predict({'temperature': 0.0})(params, batch)
+    spec, aux = model.compile_predict({'temperature': 0.0, 'gamma': 2, 'return_stats': True})(
+        params, batch)
+    np.testing.assert_array_equal(spec, base)
+
+  @pytest.mark.parametrize('ids, message', [
+      ([3, 2], 'sorted and unique'), ([0, VOCAB], 'outside'), ([], 'non-empty'),
+      ([[1, 2]], 'non-empty 1-D')])
+  def test_bad_draft_vocab_ids(self, ids, message):
+    with pytest.raises(ValueError, match=message):
+      models.SpeculativeEncoderDecoderModel(
+          network.Transformer(TARGET_CFG), network.Transformer(DRAFTER_CFG),
+          draft_vocab_ids=np.asarray(ids, np.int32))
+
+  def test_head_for_another_target_is_refused(self):
+    other = feature_drafter.FeatureHeadConfig(feature_dim=TARGET_CFG.emb_dim + 1, vocab_size=VOCAB)
+    with pytest.raises(ValueError, match='reads'):
+      models.SpeculativeEncoderDecoderModel(network.Transformer(TARGET_CFG),
+                                            feature_drafter.FeatureHead(other))
+
+  def test_feature_head_has_no_score_of_its_own(self, params):
+    with pytest.raises(ValueError, match='feature head'):
+      self._feature_model().score_batch(params, _batch(), which='drafter')

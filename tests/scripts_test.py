@@ -215,3 +215,106 @@ def test_xxl_training_plan_writes_the_report(tmp_path):
   assert text.count('\n| xxl_') >= 2 and 'python scripts/xxl_training_plan.py --out_dir' in text
   saved = json.loads((tmp_path / 'xxl_training_plan.json').read_text())
   assert saved['runs'][0]['chip_hours'] == pytest.approx(report['runs'][0]['chip_hours'])
+
+
+# -----------------------------------------------------------------------------
+# build_distill_corpus: decoding in shards, resumable within a task
+# -----------------------------------------------------------------------------
+
+
+def _distill_rows(n, with_reference=lambda i: True):
+  return [{'inputs': f'input {i}', 'targets': f'reference {i}' if with_reference(i) else '', 'kind': 'short'}
+          for i in range(n)]
+
+
+class _FakeDecoder:
+  """decode_batch: the text names the row and the batch's first sorted position; can fail after some calls."""
+
+  def __init__(self, fail_after=None):
+    self.calls, self.fail_after = [], fail_after
+
+  def __call__(self, first, idx):
+    if self.fail_after is not None and len(self.calls) >= self.fail_after:
+      raise KeyboardInterrupt('killed')
+    self.calls.append((first, [int(i) for i in idx]))
+    return [f'decode of {int(i)} in batch at {first}' for i in idx]
+
+
+def _lengths(n):
+  return [(7 * i) % 11 for i in range(n)]  # unsorted, with ties
+
+
+def test_distill_shards_deal_every_sorted_batch_once():
+  import build_distill_corpus as bdc  # pylint: disable=g-import-not-at-top
+  batches = bdc.plan_batches(_lengths(50), 4)
+  flat = [int(i) for b in batches for i in b]
+  assert sorted(flat) == list(range(50)) and [len(b) for b in batches] == [4] * 12 + [2]
+  assert [_lengths(50)[i] for i in flat] == sorted(_lengths(50))
+  shards = bdc.plan_shards(len(batches), 4, 16)
+  assert len(shards) == 4 and sorted(b for s in shards for b in s) == list(range(13))
+  assert shards[0] == [0, 4, 8, 12] and shards[3] == [3, 7, 11]  # every shard spans all lengths
+  assert bdc.plan_shards(3, 128, 4096) == [[0, 1, 2]] and bdc.plan_shards(0, 4, 16) == []
+  assert bdc.plan_shards(5, 4, 1) == [[0], [1], [2], [3], [4]]
+
+
+def test_distill_sharded_output_is_the_unsharded_one(tmp_path):
+  import json  # pylint: disable=g-import-not-at-top
+  import build_distill_corpus as bdc  # pylint: disable=g-import-not-at-top
+  rows = _distill_rows(50)
+  outs = {}
+  for shard_size in (4, 16, 10 ** 6):
+    out = tmp_path / str(shard_size)
+    bdc.decode_task('t', rows, _lengths(50), str(out), _FakeDecoder(), 4, shard_size, log=lambda _: None)
+    outs[shard_size] = (out / 'train.jsonl').read_text()
+    assert not (out / bdc.SHARDS_DIR).exists()
+  assert outs[4] == outs[16] == outs[10 ** 6]
+  # The format of the unsharded script: the row, `targets` replaced in place, the reference appended.
+  first = json.loads(outs[4].split('\n')[0])
+  assert list(first) == ['inputs', 'targets', 'kind', 'gold_targets']
+  assert first['gold_targets'] == 'reference 0' and first['targets'].startswith('decode of 0 in batch at ')
+  expected = '\n'.join(json.dumps(dict(r, gold_targets=r['targets'], targets=json.loads(line)['targets']),
+                                  ensure_ascii=False)
+                       for r, line in zip(rows, outs[4].splitlines())) + '\n'
+  assert outs[4] == expected
+
+
+def test_distill_keeps_gold_targets_only_where_a_reference_exists(tmp_path):
+  import json  # pylint: disable=g-import-not-at-top
+  import build_distill_corpus as bdc  # pylint: disable=g-import-not-at-top
+  rows = _distill_rows(9, with_reference=lambda i: i % 3 == 0)  # a pool: most rows without a reference
+  bdc.decode_task('t', rows, _lengths(9), str(tmp_path), _FakeDecoder(), 2, 4, log=lambda _: None)
+  got = [json.loads(line) for line in (tmp_path / 'train.jsonl').read_text().splitlines()]
+  assert [r['inputs'] for r in got] == [r['inputs'] for r in rows]
+  for i, r in enumerate(got):
+    assert r['targets'].startswith(f'decode of {i} ')
+    assert r.get('gold_targets') == (f'reference {i}' if i % 3 == 0 else None)
+
+
+def test_distill_resumes_within_a_task_and_skips_finished_shards(tmp_path):
+  import build_distill_corpus as bdc  # pylint: disable=g-import-not-at-top
+  rows, lengths = _distill_rows(50), _lengths(50)
+  killed = _FakeDecoder(fail_after=6)  # 4 shards of 3-4 batches: the first finishes, the second does not
+  with pytest.raises(KeyboardInterrupt):
+    bdc.decode_task('t', rows, lengths, str(tmp_path), killed, 4, 16, log=lambda _: None)
+  shards = sorted(os.listdir(tmp_path / bdc.SHARDS_DIR))
+  assert shards == ['00000.jsonl', bdc.LAYOUT_NAME] and not (tmp_path / 'train.jsonl').exists()
+  logs = []
+  resumed = _FakeDecoder()
+  bdc.decode_task('t', rows, lengths, str(tmp_path), resumed, 4, 16, log=logs.append)
+  assert sorted(first // 4 for first, _ in resumed.calls) == [b for b in range(13) if b % 4]  # shard 0 skipped
+  assert '14/50 decoded in 1 finished shards (resumed)' in logs[0]
+  assert any('50/50 decoded (shard 4/4)' in line and 'ex/s, ETA 0.0 min' in line for line in logs)
+  fresh = tmp_path / 'fresh'
+  bdc.decode_task('t', rows, lengths, str(fresh), _FakeDecoder(), 4, 16, log=lambda _: None)
+  assert (tmp_path / 'train.jsonl').read_text() == (fresh / 'train.jsonl').read_text()
+
+
+def test_distill_refuses_shards_of_another_layout(tmp_path):
+  import build_distill_corpus as bdc  # pylint: disable=g-import-not-at-top
+  rows, lengths = _distill_rows(50), _lengths(50)
+  with pytest.raises(KeyboardInterrupt):
+    bdc.decode_task('t', rows, lengths, str(tmp_path), _FakeDecoder(fail_after=5), 4, 16, log=lambda _: None)
+  with pytest.raises(SystemExit, match='another layout .*shard_size: 16 -> 8'):
+    bdc.decode_task('t', rows, lengths, str(tmp_path), _FakeDecoder(), 4, 8, log=lambda _: None)
+  with pytest.raises(SystemExit, match='batch_size: 4 -> 2'):
+    bdc.decode_task('t', rows, lengths, str(tmp_path), _FakeDecoder(), 2, 16, log=lambda _: None)

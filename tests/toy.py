@@ -49,6 +49,19 @@ class ToyModel:
     new_cache = {'tokens': tokens_bl, 'calls': state.cache['calls'] + 1}
     return logits_bkv, new_cache
 
+  def tokens_to_logits_and_features(self, state: decoding.DecodingState):
+    """The feature-drafting target contract: (logits, features, cache).
+
+    The feature of position t is one_hot(hash of the prefix through t): all
+    a drafter needs to know the next logits exactly.
+    """
+    logits_bkv, new_cache = self.tokens_to_logits(state)
+    rows, k = state.cur_token.shape
+    pos_bk = state.cur_index[:, None] + jnp.arange(k)
+    hash_bl = jnp.cumsum(new_cache['tokens'] * jnp.asarray(self.weights), axis=1) % NUM_BUCKETS
+    hash_bk = jnp.take_along_axis(hash_bl, jnp.minimum(pos_bk, self.cache_len - 1), axis=1)
+    return logits_bkv, jax.nn.one_hot(hash_bk, NUM_BUCKETS), new_cache
+
   def single_token_fn(self, state):
     """T5X's single-token shape: logits [B, V]."""
     logits, cache = self.tokens_to_logits(state)
@@ -112,3 +125,52 @@ def chi_square_pvalue(samples, dist, min_expected=5.0):
 
 def all_sequences(vocab, length):
   return itertools.product(range(vocab), repeat=length)
+
+
+class ToyFeatureDrafter:
+  """A drafter in the feature-drafting contract, for a `ToyModel` target.
+
+  Entry p reads (f_{p-1}, x_p) and predicts f_p = one_hot(h_p), h_p =
+  (argmax f_{p-1} + x_p * w_p) mod 97: the target's own prefix hash when f_{p-1}
+  is the target's feature (or its own exact prediction). It also keeps the
+  tokens it was fed in its cache and checks them: where the cached prefix
+  does not hash to h_p (a stale entry, a token fed at the wrong position) or
+  f_{p-1} is not a true feature, its logits are wrong.
+
+  `exact=True`: logits = the target's at h_p, so q = p and every draft is
+  accepted when the loop hands it the right features and rolls its cache
+  back. Otherwise the logits are a blend with its own table (q != p, for
+  distribution tests).
+  """
+
+  def __init__(self, target: ToyModel, seed: int = 0, exact: bool = True, noise: float = 1.0):
+    rng = np.random.RandomState(seed)
+    self.target = target
+    self.exact = exact
+    self.table = (0.5 * target.table +
+                  noise * rng.normal(size=target.table.shape).astype(np.float32))
+
+  def init_cache(self, batch: int):
+    return {'tokens': jnp.zeros((batch, self.target.cache_len), jnp.int32)}
+
+  def tokens_to_logits(self, state: decoding.DecodingState, features_bke):
+    target = self.target
+    rows, k = state.cur_token.shape
+    pos_bk = state.cur_index[:, None] + jnp.arange(k)
+    tokens_bl = state.cache['tokens'].at[jnp.arange(rows)[:, None], pos_bk].set(
+        state.cur_token, mode='drop')
+    weights = jnp.asarray(target.weights)
+    clipped_bk = jnp.minimum(pos_bk, target.cache_len - 1)
+    # Each entry: the hash from its input feature, chained through the block
+    # (entry j+1 of a block reads entry j's prediction only when the caller
+    # feeds it; here each entry reads its own given feature).
+    h_prev_bk = jnp.argmax(features_bke, axis=-1)
+    valid_bk = jnp.max(features_bke, axis=-1) > 0.5
+    h_bk = (h_prev_bk + state.cur_token * weights[clipped_bk]) % NUM_BUCKETS
+    cached_bl = jnp.cumsum(tokens_bl * weights, axis=1) % NUM_BUCKETS
+    cached_bk = jnp.take_along_axis(cached_bl, clipped_bk, axis=1)
+    # No feature precedes BOS: position 0 reads zeros.
+    ok_bk = (h_bk == cached_bk) & (valid_bk | (pos_bk == 0))
+    table = jnp.asarray(target.table if self.exact else self.table)
+    logits_bkv = jnp.where(ok_bk[..., None], table[h_bk], table[(h_bk + 1) % NUM_BUCKETS])
+    return logits_bkv, jax.nn.one_hot(h_bk, NUM_BUCKETS), {'tokens': tokens_bl}
