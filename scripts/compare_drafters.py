@@ -2,6 +2,10 @@
 
   python scripts/compare_drafters.py --models models/cpu_v2 --runs bigram:1 trigram:1 trigram:2 --temperature 0 --run v2_ngrams_t0
   python scripts/compare_drafters.py --runs bigram:1 d1kd:1 --batch_size 8 --shrink both --run v2_batch8_t0
+  python scripts/compare_drafters.py --runs d1kd:2 d1kd@models/cpu_v2/draft_vocab/top2048.json:2 f1:3 --run heads_t0
+
+A drafter is a directory or a name in --models: a T5 network, an n-gram model or a feature head (which drafts
+from the target's own features); DRAFTER@VOCAB_FILE trims a T5 drafter's vocabulary to the ids in VOCAB_FILE.
 
 For each batch of the first --examples test examples (--batch_size, default 1) the baseline and every
 speculative setting run in turn, --repeats times, keeping each batch's fastest run
@@ -26,6 +30,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from specdec import benchmark  # pylint: disable=g-import-not-at-top,wrong-import-position
 from specdec import decoding
+from specdec import draft_vocab
 from specdec import evaluation
 from specdec import fileio
 from specdec import loading
@@ -39,11 +44,27 @@ LENGTHS = {'inputs': 96, 'targets': 48}
 
 
 def parse_run(text: str):
-  """'drafter:γ' -> (drafter, γ)."""
+  """'drafter:γ' or 'drafter@vocab.json:γ' -> (drafter, γ); the vocabulary stays in the name."""
   drafter, _, gamma = text.rpartition(':')
   if not drafter or not gamma.isdigit() or int(gamma) < 1:
-    raise argparse.ArgumentTypeError(f'a run is DRAFTER:GAMMA with GAMMA >= 1, got {text!r}')
+    raise argparse.ArgumentTypeError(f'a run is DRAFTER[@VOCAB_FILE]:GAMMA with GAMMA >= 1, got {text!r}')
   return drafter, int(gamma)
+
+
+def load_run_drafter(name: str, models_dir: str, target_params):
+  """(module, params, draft vocabulary ids) of DRAFTER[@VOCAB_FILE]: a directory or a name in models_dir.
+
+  A feature head brings its own vocabulary; @VOCAB_FILE (a JSON list of ids, scripts/draft_vocab.py)
+  trims a T5 drafter's.
+  """
+  drafter, _, vocab_file = name.partition('@')
+  path = drafter if os.path.isdir(drafter) else os.path.join(models_dir, drafter)
+  module, params, vocab_ids = loading.load_drafter(path, target_params)
+  if vocab_file:
+    if vocab_ids is not None:
+      raise SystemExit(f'{drafter} has its own draft vocabulary; drop @{vocab_file}.')
+    vocab_ids = draft_vocab.load_ids(vocab_file, vocab_size=module.config.vocab_size)
+  return module, params, vocab_ids
 
 
 def compare(args) -> dict:
@@ -54,19 +75,18 @@ def compare(args) -> dict:
   label = (lambda name, shrink: f"{name} ({'shrinking' if shrink else 'full'} batch)") if len(modes) > 1 else (
       lambda name, shrink: name)
   base = models.SpeculativeEncoderDecoderModel(target_module, None, decode_fn=decoding.temperature_sample)
-  drafters = {}
-  for drafter, _ in args.runs:
-    path = drafter if os.path.isdir(drafter) else os.path.join(args.models, drafter)
-    drafters[drafter] = loading.load_module_and_params(path)
+  drafters = {drafter: load_run_drafter(drafter, args.models, target_params)
+              for drafter, _ in args.runs}
   decoders = {}
   for shrink in modes:
     sampling_params = {'temperature': args.temperature, 'topk': 0, 'topp': 0.0, 'shrink_batch': shrink}
     decoders[label('baseline', shrink)] = functools.partial(base.compile_predict(sampling_params),
                                                             {'target': target_params})
     for drafter, gamma in args.runs:
-      drafter_module, drafter_params = drafters[drafter]
+      drafter_module, drafter_params, vocab_ids = drafters[drafter]
       spec = models.SpeculativeEncoderDecoderModel(target_module, drafter_module,
-                                                   decode_fn=decoding.speculative_sample)
+                                                   decode_fn=decoding.speculative_sample,
+                                                   draft_vocab_ids=vocab_ids)
       predict = spec.compile_predict(dict(sampling_params, gamma=gamma, return_stats=True))
       decoders[label(f'{drafter}:{gamma}', shrink)] = functools.partial(
           predict, {'target': target_params, 'drafter': drafter_params})

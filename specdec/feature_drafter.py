@@ -80,6 +80,8 @@ class FeatureHeadConfig:
       if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
         raise ValueError(f'FeatureHeadConfig.{name} must be a positive integer, got {value!r}.')
     self.layer_config()  # checks the rest
+    # Normalised so that 'float32' (a config file) and jnp.float32 compare equal.
+    object.__setattr__(self, 'dtype', jnp.dtype(self.dtype))
 
   def layer_config(self) -> network.T5Config:
     """The T5 config of the head's decoder layers (no encoder: the target's is read)."""

@@ -1,14 +1,19 @@
 """Loading a shipped model directory as a network and its params, whichever kind it holds.
 
-Two kinds of directory hold a model this project decodes with:
+Three kinds of directory hold a model this project decodes with:
   a compact T5 model   config.json + params.msgpack (`checkpoints.load_compact`)
   an n-gram drafter    config.json + counts.npz (`ngram.load`)
-Both are hash-checked as they are read; paths may be local or gs://.
+  a feature head       config.json (kind feature_head) + params.msgpack
+                       [+ draft_vocab.json] (`feature_drafter.load`)
+All are hash-checked as they are read; paths may be local or gs://.
 """
 
-from typing import Any, Tuple
+from typing import Any, Optional, Tuple
+
+import numpy as np
 
 from specdec import checkpoints
+from specdec import feature_drafter
 from specdec import fileio
 from specdec import network
 from specdec import ngram
@@ -18,12 +23,30 @@ def load_module_and_params(directory: str) -> Tuple[Any, Any]:
   """(flax module, float32 params) for any shipped model directory.
 
   A compact T5 model gives a `network.Transformer`; an n-gram drafter (its
-  counts.npz present) gives an `ngram.NgramLM`. FileNotFoundError if
-  `directory` is not a directory; ValueError naming the file if one is damaged.
+  counts.npz present) gives an `ngram.NgramLM`; a feature head a
+  `feature_drafter.FeatureHead` (its draft vocabulary: `load_drafter`).
+  FileNotFoundError if `directory` is not a directory; ValueError naming the
+  file if one is damaged.
+  """
+  module, params, _ = load_drafter(directory)
+  return module, params
+
+
+def load_drafter(directory: str, target_params: Any = None
+                 ) -> Tuple[Any, Any, Optional[np.ndarray]]:
+  """(flax module, float32 params, draft vocabulary ids or None) of any model directory.
+
+  With `target_params`, a feature head made for another target is refused.
   """
   if not fileio.isdir(directory):
     raise FileNotFoundError(f'No model directory at {directory}.')
   if ngram.is_ngram_dir(directory):
-    return ngram.load(directory)
+    module, params = ngram.load(directory)
+    return module, params, None
+  if feature_drafter.is_head_dir(directory):
+    config, params, vocab_ids, meta = feature_drafter.load(directory)
+    if target_params is not None:
+      feature_drafter.check_made_for(meta, target_params, directory)
+    return feature_drafter.FeatureHead(config), params, vocab_ids
   config, params = checkpoints.load_compact(directory)
-  return network.Transformer(config), params
+  return network.Transformer(config), params, None

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from specdec import checkpoints
+from specdec import feature_drafter
 from specdec import loading
 from specdec import network
 from specdec import ngram
@@ -61,3 +62,25 @@ def test_damaged_config_names_the_file(params, tmp_path, content, match):
 def test_shipped_models(name, kind):
   module, _ = loading.load_module_and_params(os.path.join(REPO, 'models', 'cpu', name))
   assert isinstance(module, kind)
+
+
+def test_feature_head_with_its_vocabulary_and_target(params, tmp_path):
+  head_config = feature_drafter.FeatureHeadConfig(feature_dim=CFG.emb_dim, vocab_size=CFG.vocab_size,
+                                                  width=8, num_heads=2, head_dim=4, mlp_dim=16)
+  head_params = feature_drafter.init_params(head_config, jax.random.PRNGKey(1))
+  feature_drafter.save(str(tmp_path), head_config, head_params,
+                       target_sha256=feature_drafter.params_sha256(params),
+                       draft_vocab_ids=[1, 5, 9])
+  module, loaded, vocab_ids = loading.load_drafter(str(tmp_path), params)
+  assert isinstance(module, feature_drafter.FeatureHead) and module.config == head_config
+  np.testing.assert_array_equal(vocab_ids, [1, 5, 9])
+  module2, _ = loading.load_module_and_params(str(tmp_path))
+  assert module2.config == head_config
+  other = jax.tree_util.tree_map(lambda x: x * 2.0, params)
+  with pytest.raises(ValueError, match='trained for another target'):
+    loading.load_drafter(str(tmp_path), other)
+  # A damaged vocabulary file is named.
+  with open(tmp_path / 'draft_vocab.json', 'w') as f:
+    f.write('[1, 5, 10]')
+  with pytest.raises(ValueError, match='draft_vocab.json'):
+    loading.load_drafter(str(tmp_path))

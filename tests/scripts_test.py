@@ -136,8 +136,9 @@ def test_compare_drafters_parses_runs_and_refuses_bad_ones():
   import compare_drafters  # pylint: disable=g-import-not-at-top
   assert compare_drafters.parse_run('trigram:2') == ('trigram', 2)
   assert compare_drafters.parse_run('models/cpu/d1:3') == ('models/cpu/d1', 3)
+  assert compare_drafters.parse_run('d1kd@vocab/top2048.json:2') == ('d1kd@vocab/top2048.json', 2)
   for bad in ('trigram', 'trigram:0', ':2', 'trigram:x'):
-    with pytest.raises(argparse.ArgumentTypeError, match='DRAFTER:GAMMA'):
+    with pytest.raises(argparse.ArgumentTypeError, match=r'DRAFTER\[@VOCAB_FILE\]:GAMMA'):
       compare_drafters.parse_run(bad)
 
 
