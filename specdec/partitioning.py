@@ -47,6 +47,7 @@ from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 import numpy as np
 
+from specdec import feature_drafter
 from specdec import network
 
 PyTree = Any
@@ -239,11 +240,15 @@ def _transformer_logical_axes(config: network.T5Config) -> PyTree:
 def param_logical_axes(module: Any, params: PyTree) -> PyTree:
   """Logical axes of one network's params.
 
-  A `network.Transformer` has T5X's names. Any other module (e.g. an n-gram
-  drafter) gets all-replicated params: it has no logical names.
+  A `network.Transformer` has T5X's names, a feature head
+  (`feature_drafter.FeatureHead`) the same names for the same kinds of
+  weights. Any other module (e.g. an n-gram drafter) gets all-replicated
+  params: it has no logical names.
   """
   if isinstance(module, network.Transformer):
     return _transformer_logical_axes(module.config)
+  if isinstance(module, feature_drafter.FeatureHead):
+    return feature_drafter.param_logical_axes(module.config)
   return jax.tree_util.tree_map(lambda _: PartitionSpec(),
                                 flax.core.unfreeze(params))
 

@@ -26,6 +26,7 @@ import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 import numpy as np
 
+from specdec import feature_drafter
 from specdec import models
 from specdec import partitioning
 
@@ -151,6 +152,12 @@ class ShardedPredictor:
 
     def build(params, batch):
       length = batch['decoder_input_tokens'].shape[1]
+      if self.model.feature_drafting and models.DRAFTER in params:
+        target_cache, _, head_cache, _ = feature_drafter.decoder_fns(
+            self.model.module, params[models.TARGET], self.model.drafter_module,
+            params[models.DRAFTER], batch['encoder_input_tokens'], length,
+            constrain_cache=self.constrain_cache)
+        return {models.TARGET: target_cache, models.DRAFTER: head_cache}
       return {name: self.model.decoder_fns(
           module, params[name], batch['encoder_input_tokens'], length,
           self.constrain_cache)[0]

@@ -24,6 +24,7 @@ from jax.sharding import PartitionSpec as P
 
 from tests import device_pool
 from specdec import decoding
+from specdec import feature_drafter
 from specdec import memory
 from specdec import models
 from specdec import network
@@ -182,6 +183,41 @@ def _case_identity(mesh_shape, decode):
   assert len(predict._jitted) == 1  # pylint: disable=protected-access
 
 
+HEAD_CFG = feature_drafter.FeatureHeadConfig(feature_dim=16, vocab_size=VOCAB, width=8, num_heads=2,
+                                             head_dim=4, mlp_dim=16)
+
+
+def _case_feature_head(mesh_shape):
+  """A feature head with a trimmed vocabulary on a mesh: the one-device decodes, statistics and layout.
+
+  The head's params follow the target's rules (its kernels are named as a T5
+  layer's), and its cache is constrained like any drafter's.
+  """
+  _require_8_devices()
+  params, batch = _setup()
+  params = dict(params, drafter=feature_drafter.init_params(HEAD_CFG, jax.random.PRNGKey(3)))
+  model = models.SpeculativeEncoderDecoderModel(
+      network.Transformer(TARGET_CFG), feature_drafter.FeatureHead(HEAD_CFG),
+      draft_vocab_ids=np.arange(1, VOCAB, 2))
+  decoder_params = _decoder_params('speculative', 1.0)
+  mesh = partitioning.make_mesh(num_partitions=mesh_shape[1])
+  predict = sharded_decoding.compile_predict_sharded(model, mesh, RULES_1D, decoder_params)
+  sharded = predict.shard_params(params)
+  fuse = sharded['drafter']['fuse']['kernel']
+  assert fuse.sharding.spec == P(None, 'model'), fuse.sharding.spec
+  for temperature in (0.0, 1.0):
+    out = predict(sharded, batch, jax.random.PRNGKey(7), temperature)
+    ref = jax.device_get(model.compile_predict(
+        dict(decoder_params, temperature=temperature, shrink_batch=False))(
+            params, batch, jax.random.PRNGKey(7)))
+    _assert_same_decode(out, ref)
+  # Greedy: the target's own greedy decodes (the one-device baseline's).
+  greedy = jax.device_get(predict(sharded, batch, jax.random.PRNGKey(7), 0.0))[0]
+  np.testing.assert_array_equal(greedy, _reference('temperature', 0.0)[0])
+  caches = predict.init_caches(sharded, batch)
+  assert set(caches) == {'target', 'drafter'}
+
+
 def _case_layouts():
   """Params, caches and outputs sharded as the 1-D rules say, on 2 x 4."""
   _require_8_devices()
@@ -325,6 +361,11 @@ def test_helper_process_has_8_devices(devices8):
 def test_sharded_decode_equals_one_device(devices8, mesh_shape, decode):
   """Greedy and seeded sampling (t = 1), speculative and baseline decodes."""
   _in_8_devices(devices8, _case_identity, mesh_shape, decode)
+
+
+@pytest.mark.parametrize('mesh_shape', [(8, 1), (2, 4)], ids=['8x1', '2x4'])
+def test_feature_head_decodes_as_on_one_device(devices8, mesh_shape):
+  _in_8_devices(devices8, _case_feature_head, mesh_shape)
 
 
 def test_params_caches_outputs_sharded_by_rules(devices8):
