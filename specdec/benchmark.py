@@ -37,6 +37,7 @@ import numpy as np
 from specdec import batch_shrink
 from specdec import decoding
 from specdec import evaluation
+from specdec import feature_drafter
 from specdec import fileio
 from specdec import fingerprint
 from specdec import models
@@ -306,6 +307,10 @@ def validate(models: ModelPair, setting: Setting) -> None:
     raise ValueError('the oracle drafter is a measuring instrument of controlled acceptance, not a drafter: '
                      'its rows belong in specdec/ceiling.py reports (scripts/ceiling.py), never in a '
                      'benchmark table.')
+  if isinstance(models.drafter_module, feature_drafter.FeatureHead):
+    raise ValueError('the benchmark measures call costs (isolated and inside the loop) of drafters that decode '
+                     'on their own; a feature head drafts from the target\'s features, and its costs are not '
+                     'measured here yet: time it side by side with scripts/compare_drafters.py.')
   target_vocab, drafter_vocab = _vocab_size(models.target_module), _vocab_size(models.drafter_module)
   if target_vocab != drafter_vocab:
     raise ValueError(f'Vocabulary mismatch: target vocab_size={target_vocab}, drafter vocab_size={drafter_vocab}.')

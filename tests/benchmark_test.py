@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from specdec import benchmark
+from specdec import feature_drafter
 from specdec import fingerprint
 from specdec import network
 from specdec import reporting
@@ -412,6 +413,10 @@ def test_validate_accepts_a_matching_pair_and_names_a_mismatch(tiny, copy_drafte
   other = network.Transformer(tiny_config(vocab_size=64))
   with pytest.raises(ValueError, match='Vocabulary mismatch.*8192.*64'):
     benchmark.validate(benchmark.ModelPair(module, params, other, None), SETTING)
+  head = feature_drafter.FeatureHead(feature_drafter.FeatureHeadConfig(
+      feature_dim=module.config.emb_dim, vocab_size=module.config.vocab_size))
+  with pytest.raises(ValueError, match='compare_drafters'):
+    benchmark.validate(benchmark.ModelPair(module, params, head, None), SETTING)
 
 
 def test_load_examples_reads_the_first_examples_of_the_split(fixture_tasks):
