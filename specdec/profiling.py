@@ -34,6 +34,7 @@ import numpy as np
 
 from specdec import batch_shrink
 from specdec import decoding
+from specdec import feature_drafter
 from specdec import models
 from specdec import sampling
 
@@ -200,6 +201,33 @@ def _prefilled(module, params, encoder_input_tokens, max_decode_length, prefix_b
   return cache, tokens_to_logits
 
 
+def _prefilled_feature_pair(target_module, target_params, head, head_params, encoder_input_tokens,
+                            max_decode_length, prefix_bl, gamma):
+  """A target and a feature head mid-decode, as the feature loop leaves them after a round that kept no draft.
+
+  The target's cache holds `prefix_bl` (positions 0..i, i = P-1), the head's its entries 0..i-1 (true
+  features); the kept features are the target's of positions i-1 .. i+γ-1 (zeros past i), so the next
+  catch-up rewrites entries i..i+γ. Returns (target_cache, target_fn, head_cache, draft_fn, draft_features [B,
+  γ+1, E], feature_start [B]).
+  """
+  target_cache, target_fn, head_cache, draft_fn = feature_drafter.decoder_fns(
+      target_module, target_params, head, head_params, encoder_input_tokens, max_decode_length)
+  rows, length = prefix_bl.shape
+  zeros_b = jnp.zeros((rows,), jnp.int32)
+  _, features_bpe, target_cache = target_fn(decoding.DecodingState(
+      cur_index=zeros_b, sequences=prefix_bl, cur_token=prefix_bl, cache=target_cache))
+  i = length - 1
+  if i > 0:
+    _, _, head_cache = draft_fn(decoding.DecodingState(
+        cur_index=zeros_b, sequences=prefix_bl, cur_token=prefix_bl[:, :i], cache=head_cache),
+        feature_drafter.shift_features_right(features_bpe[:, :i]))
+  start = max(i - 1, 0)
+  kept = features_bpe[:, start:start + gamma + 1]
+  kept = jnp.pad(kept, ((0, 0), (0, gamma + 1 - kept.shape[1]), (0, 0)))
+  return (target_cache, target_fn, head_cache, draft_fn, kept,
+          jnp.full((rows,), start if i > 0 else -1, jnp.int32))
+
+
 ALL_PARTS = ('draft', 'verify', 'accept', 'commit', 'round', 'baseline_round')
 # What the benchmark needs per row (c and a inside the loop); each part is one more compiled loop.
 BENCHMARK_PARTS = ('draft', 'round', 'baseline_round')
@@ -238,20 +266,33 @@ def time_phases(target_module, target_params, drafter_module, drafter_params,
   sequences_l[1:1 + len(decoded_l)] = decoded_l
   sequences_bl = jnp.asarray(np.tile(sequences_l, (rows, 1)))
   prefix_bl = sequences_bl[:, :position]
-  target_cache, tokens_to_logits = _prefilled(target_module, target_params, enc, max_decode_length,
-                                              prefix_bl)
-  draft_cache, draft_tokens_to_logits = _prefilled(drafter_module, drafter_params, enc,
-                                                   max_decode_length, prefix_bl[:, :max(position - 1, 1)])
+  feature = isinstance(drafter_module, feature_drafter.FeatureHead)
+  feature_state = {}
+  if feature:
+    (target_cache, target_fn, draft_cache, draft_tokens_to_logits, kept_features,
+     feature_start) = _prefilled_feature_pair(target_module, target_params, drafter_module,
+                                              drafter_params, enc, max_decode_length, prefix_bl, gamma)
+    feature_state = dict(draft_features=kept_features, feature_start=feature_start)
+
+    def tokens_to_logits(state):  # the baseline's call: the same call, features unused
+      logits, _, cache = target_fn(state)
+      return logits, cache
+  else:
+    target_cache, tokens_to_logits = _prefilled(target_module, target_params, enc, max_decode_length,
+                                                prefix_bl)
+    target_fn = tokens_to_logits
+    draft_cache, draft_tokens_to_logits = _prefilled(drafter_module, drafter_params, enc,
+                                                     max_decode_length, prefix_bl[:, :max(position - 1, 1)])
   spec = decoding.LoopSpec(
-      gamma=gamma, eos_id=1, tokens_to_logits=tokens_to_logits,
+      gamma=gamma, eos_id=1, tokens_to_logits=target_fn,
       draft_tokens_to_logits=draft_tokens_to_logits, temperature=temperature, topk=topk, topp=topp,
-      draft_confidence=draft_confidence, return_stats=False)
+      draft_confidence=draft_confidence, return_stats=False, draft_reads_features=feature)
   state0 = decoding.SpeculativeLoopState(
       cur_index=jnp.full((rows,), position - 1, jnp.int32), sequences=sequences_bl,
       forced_bl=jnp.zeros(sequences_bl.shape, bool), max_len_b=jnp.full((rows,), max_decode_length, jnp.int32),
       target_cache=target_cache, draft_cache=draft_cache, draft_lag=jnp.ones((rows,), bool),
       ended=jnp.zeros((rows,), bool), generated=jnp.zeros(sequences_bl.shape, bool),
-      rng=jax.random.PRNGKey(0), log_prob=jnp.zeros((rows,), jnp.float32), stats={})
+      rng=jax.random.PRNGKey(0), log_prob=jnp.zeros((rows,), jnp.float32), stats={}, **feature_state)
   rng = None if spec.fast_greedy else jax.random.PRNGKey(1)
   drafts0 = decoding.draft_phase(spec, state0, rng)
   logits0, _, _ = decoding.verify_phase(spec, state0, drafts0)
@@ -262,9 +303,13 @@ def time_phases(target_module, target_params, drafter_module, drafter_params,
     cannot decide (acc is never negative): as compile-time constants they would let XLA fold and hoist
     position-dependent work and pick other kernels than the real loop, whose positions are loop values."""
     opaque = acc < 0
+    features = {}
+    if feature:
+      features = dict(draft_features=jnp.where(opaque, state.draft_features, state0.draft_features),
+                      feature_start=state0.feature_start)
     return state.replace(cur_index=jnp.where(opaque, state.cur_index, state0.cur_index),
                          sequences=jnp.where(opaque, state.sequences, state0.sequences), ended=state0.ended,
-                         generated=state0.generated, draft_lag=state0.draft_lag)
+                         generated=state0.generated, draft_lag=state0.draft_lag, **features)
 
   def draft_only(carry):
     state, acc = carry
@@ -331,6 +376,9 @@ def time_fixed_costs(target_module, target_params, drafter_module, drafter_param
   model = models.SpeculativeEncoderDecoderModel(target_module, None, decode_fn=decoding.temperature_sample)
 
   def caches(modules_and_params):
+    if isinstance(modules_and_params[-1][0], feature_drafter.FeatureHead):  # one encoding for both
+      (target, target_p), (head, head_p) = modules_and_params
+      return feature_drafter.decoder_fns(target, target_p, head, head_p, enc, max_decode_length)[0::2]
     return [model.decoder_fns(m, p, enc, max_decode_length)[0]
             for m, p in modules_and_params]
 

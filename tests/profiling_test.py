@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from specdec import decoding
+from specdec import feature_drafter
 from specdec import models
 from specdec import network
 from specdec import profiling
@@ -279,3 +280,50 @@ def test_time_side_by_side_interleaves_and_keeps_the_fastest_repeat():
                    ('a', 2), ('b', 2), ('a', 2), ('b', 2), ('a', 2), ('b', 2)]
   assert [int(x) for x in out['a']['outputs']] == [2, 4]
   assert len(out['b']['seconds']) == 2 and all(s > 0 for s in out['b']['seconds'])
+
+
+@pytest.mark.parametrize('temperature', [0.0, 1.0])
+def test_in_loop_costs_of_a_feature_head(pair, temperature):
+  """The phases of a feature-drafting round time too (the head's state as the loop leaves it)."""
+  (tm, tp), _ = pair
+  head_config = feature_drafter.FeatureHeadConfig(feature_dim=tm.config.emb_dim, vocab_size=tm.config.vocab_size,
+                                                  width=8, num_heads=2, head_dim=4, mlp_dim=16)
+  head, hp = feature_drafter.FeatureHead(head_config), feature_drafter.init_params(head_config,
+                                                                                  jax.random.PRNGKey(2))
+  decoded = np.asarray([5, 9, 12, 7, 1, 0, 0, 0, 0, 0], np.int32)
+  params = {'temperature': temperature, 'topk': 0, 'topp': 0.0, 'gamma': 2, 'return_stats': True}
+  c = profiling.in_loop_costs(tm, tp, head, hp, _batch(), decoded, 2, params, iters=4, repeats=2,
+                              parts=profiling.ALL_PARTS)
+  for key in ('draft_s', 'verify_s', 'accept_s', 'commit_s', 'round_s', 'baseline_round_s',
+              'baseline_fixed_s', 'speculative_fixed_s'):
+    assert math.isfinite(c[key]) and c[key] > 0, key
+
+
+def test_prefilled_feature_pair_is_the_loops_state(pair):
+  """The prefilled head and kept features give the first draft the loop itself would give at that point."""
+  (tm, tp), _ = pair
+  head_config = feature_drafter.FeatureHeadConfig(feature_dim=tm.config.emb_dim, vocab_size=tm.config.vocab_size,
+                                                  width=8, num_heads=2, head_dim=4, mlp_dim=16)
+  head, hp = feature_drafter.FeatureHead(head_config), feature_drafter.init_params(head_config,
+                                                                                  jax.random.PRNGKey(2))
+  enc = jnp.asarray(_batch()['encoder_input_tokens'])
+  prefix = jnp.asarray([[0, 5, 9, 12]], jnp.int32)
+  _, _, head_cache, draft_fn, kept, start = profiling._prefilled_feature_pair(  # pylint: disable=protected-access
+      tm, tp, head, hp, enc, 10, prefix, 2)
+  # Teacher-forced head over the whole prefix: its prediction at the last position (i = 3).
+  _, target_fn, head_cache0, draft_fn0 = feature_drafter.decoder_fns(tm, tp, head, hp, enc, 10)[:4]
+  target_cache0 = feature_drafter.decoder_fns(tm, tp, head, hp, enc, 10)[0]
+  _, feats, _ = target_fn(decoding.DecodingState(cur_index=jnp.zeros((1,), jnp.int32), sequences=prefix,
+                                                 cur_token=prefix, cache=target_cache0))
+  want, _, _ = draft_fn0(decoding.DecodingState(cur_index=jnp.zeros((1,), jnp.int32), sequences=prefix,
+                                                cur_token=prefix, cache=head_cache0),
+                         feature_drafter.shift_features_right(feats))
+  # The catch-up window from feature_start + 1 = 3: entries 3..5 reading the kept features; the entry at
+  # cur_index 3 (offset 0) gives the first draft.
+  window = jnp.pad(prefix, ((0, 0), (0, 4)))[:, 3:6]
+  got, _, _ = draft_fn(decoding.DecodingState(cur_index=start + 1, sequences=prefix, cur_token=window,
+                                              cache=head_cache), kept)
+  assert int(start[0]) == 2
+  # The same entries in another order of float32 sums (one k-token call vs two): a few ulps of the logits.
+  np.testing.assert_allclose(got[:, 0], want[:, 3], rtol=0,
+                             atol=64 * np.finfo(np.float32).eps * float(np.abs(want).max()))
