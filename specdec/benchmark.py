@@ -93,12 +93,16 @@ class Setting:
 
 @dataclasses.dataclass(frozen=True)
 class ModelPair:
-  """The target and the drafter a run compares: Flax modules, their params, and the drafter's label in reports."""
+  """The target and the drafter a run compares: Flax modules, their params, and the drafter's label in reports.
+
+  `draft_vocab_ids`: the drafter's trimmed vocabulary (sorted token ids), or None (all).
+  """
   target_module: Any
   target_params: Any
   drafter_module: Any
   drafter_params: Any
   drafter_name: str = 'drafter'
+  draft_vocab_ids: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -308,9 +312,7 @@ def validate(models: ModelPair, setting: Setting) -> None:
                      'its rows belong in specdec/ceiling.py reports (scripts/ceiling.py), never in a '
                      'benchmark table.')
   if isinstance(models.drafter_module, feature_drafter.FeatureHead):
-    raise ValueError('the benchmark measures call costs (isolated and inside the loop) of drafters that decode '
-                     'on their own; a feature head drafts from the target\'s features, and its costs are not '
-                     'measured here yet: time it side by side with scripts/compare_drafters.py.')
+    feature_drafter.check_target(models.drafter_module.config, models.target_module.config)
   target_vocab, drafter_vocab = _vocab_size(models.target_module), _vocab_size(models.drafter_module)
   if target_vocab != drafter_vocab:
     raise ValueError(f'Vocabulary mismatch: target vocab_size={target_vocab}, drafter vocab_size={drafter_vocab}.')
@@ -336,7 +338,7 @@ class Decoders:
 
 def compile_decoders(models: ModelPair, vocab, setting: Setting, mesh=None) -> Decoders:
   """Both decoders for `setting`: jitted on the default device, or sharded over `mesh` (params sharded too)."""
-  baseline, speculative = _models(models.target_module, models.drafter_module, vocab)
+  baseline, speculative = _models(models.target_module, models.drafter_module, vocab, models.draft_vocab_ids)
   base_params = {'target': models.target_params}
   params = {'target': models.target_params, 'drafter': models.drafter_params}
   spec_decoder_params = setting.speculative_params()
@@ -538,14 +540,16 @@ _COST_CACHE: Dict[Any, Dict[str, float]] = {}
 _MODEL_CACHE: Dict[Any, Tuple[models.SpeculativeEncoderDecoderModel, models.SpeculativeEncoderDecoderModel]] = {}
 
 
-def _models(target_module, drafter_module, vocab):
-  key = (target_module, drafter_module, id(vocab))
+def _models(target_module, drafter_module, vocab, draft_vocab_ids=None):
+  ids_key = None if draft_vocab_ids is None else np.asarray(draft_vocab_ids).tobytes()
+  key = (target_module, drafter_module, id(vocab), ids_key)
   if key not in _MODEL_CACHE:
     _MODEL_CACHE[key] = (
         models.SpeculativeEncoderDecoderModel(target_module, None, output_vocabulary=vocab,
                                               decode_fn=decoding.temperature_sample),
         models.SpeculativeEncoderDecoderModel(target_module, drafter_module, output_vocabulary=vocab,
-                                              decode_fn=decoding.speculative_sample))
+                                              decode_fn=decoding.speculative_sample,
+                                              draft_vocab_ids=draft_vocab_ids))
   return _MODEL_CACHE[key]
 
 

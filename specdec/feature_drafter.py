@@ -349,12 +349,18 @@ def load(directory: str) -> Tuple[FeatureHeadConfig, PyTree, Optional[np.ndarray
   params = jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), stored)
   expected = jax.eval_shape(lambda: init_params(config, jax.random.PRNGKey(0)))
   checkpoints.check_param_shapes(params, expected, where=path)
-  vocab_ids = None
-  if DRAFT_VOCAB_FILE in meta.get(fileio.FILES_FIELD, {}):
-    vocab_path = fileio.join(directory, DRAFT_VOCAB_FILE)
-    vocab_ids = np.asarray(json.loads(fileio.read_verified(
-        vocab_path, fileio.recorded_sha256(meta, DRAFT_VOCAB_FILE), CONFIG_FILE)), np.int32)
+  vocab_ids, _ = load_vocab_ids(directory)
   return config, params, vocab_ids, meta
+
+
+def load_vocab_ids(directory: str) -> Tuple[Optional[np.ndarray], Dict[str, Any]]:
+  """(draft vocabulary ids or None, config.json) of a head directory, without reading its params."""
+  meta = fileio.read_json_object(fileio.join(directory, CONFIG_FILE), kind='config file')
+  if DRAFT_VOCAB_FILE not in meta.get(fileio.FILES_FIELD, {}):
+    return None, meta
+  data = fileio.read_verified(fileio.join(directory, DRAFT_VOCAB_FILE),
+                              fileio.recorded_sha256(meta, DRAFT_VOCAB_FILE), CONFIG_FILE)
+  return np.asarray(json.loads(data), np.int32), meta
 
 
 def check_made_for(meta: Dict[str, Any], target_params: PyTree, where: str) -> None:

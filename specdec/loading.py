@@ -50,3 +50,14 @@ def load_drafter(directory: str, target_params: Any = None
     return feature_drafter.FeatureHead(config), params, vocab_ids
   config, params = checkpoints.load_compact(directory)
   return network.Transformer(config), params, None
+
+
+def draft_vocab_ids(directory: str, target_params: Any = None) -> Optional[np.ndarray]:
+  """The draft vocabulary a model directory ships (a feature head's), or None; with `target_params`, a head made
+  for another target is refused. Reads no params."""
+  if not directory or not fileio.isdir(directory) or not feature_drafter.is_head_dir(directory):
+    return None
+  ids, meta = feature_drafter.load_vocab_ids(directory)
+  if target_params is not None:
+    feature_drafter.check_made_for(meta, target_params, directory)
+  return ids

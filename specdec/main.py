@@ -401,7 +401,8 @@ def _execute(config: run_config.RunConfig, output_dir: str, plans: Sequence[Outp
       print(f'Row {i + 1}/{len(plans)}: {run_config.row_label(plan.row)}', flush=True)
       drafter_module, drafter_params = load(plan.drafter_checkpoint, models_config.drafter_config)
       summaries.append(benchmark.run(
-          benchmark.ModelPair(target_module, target_params, drafter_module, drafter_params, plan.drafter_name),
+          benchmark.ModelPair(target_module, target_params, drafter_module, drafter_params, plan.drafter_name,
+                              loading.draft_vocab_ids(plan.drafter_checkpoint, target_params)),
           benchmark.TaskSplit(plan.row.task, data.split, data.lengths, data.max_examples), plan.setting,
           benchmark.Output(os.path.join(output_dir, plan.subdir), overwrite=config.overwrite,
                            provenance=plan.provenance), benchmark.Measuring(mesh=mesh)))
@@ -419,7 +420,8 @@ def _execute(config: run_config.RunConfig, output_dir: str, plans: Sequence[Outp
     drafter_module, drafter_params = load(plan.drafter_checkpoint, models_config.drafter_config)
   if config.mode == 'benchmark':
     summary = benchmark.run(
-        benchmark.ModelPair(target_module, target_params, drafter_module, drafter_params, plan.drafter_name),
+        benchmark.ModelPair(target_module, target_params, drafter_module, drafter_params, plan.drafter_name,
+                            loading.draft_vocab_ids(plan.drafter_checkpoint, target_params)),
         benchmark.TaskSplit(data.task, data.split, data.lengths, data.max_examples), setting,
         benchmark.Output(output_dir, overwrite=config.overwrite, provenance=plan.provenance),
         benchmark.Measuring(mesh=mesh))
@@ -429,7 +431,9 @@ def _execute(config: run_config.RunConfig, output_dir: str, plans: Sequence[Outp
 
   model = models.SpeculativeEncoderDecoderModel(
       target_module, drafter_module,
-      decode_fn=decoding.speculative_sample if drafter_module is not None else decoding.temperature_sample)
+      decode_fn=decoding.speculative_sample if drafter_module is not None else decoding.temperature_sample,
+      draft_vocab_ids=(loading.draft_vocab_ids(plan.drafter_checkpoint, target_params)
+                       if drafter_module is not None else None))
   params = {'target': target_params}
   if drafter_module is not None:
     params['drafter'] = drafter_params

@@ -174,13 +174,44 @@ def time_chained_calls(target_module, target_params, drafter_module, drafter_par
                         repeats=repeats) / num_calls
 
 
+def time_head_calls(target_module, target_params, head, head_params, encoder_input_tokens: np.ndarray,
+                    max_decode_length: int, num_calls: int = 32, repeats: int = 5) -> float:
+  """Median seconds of one 1-entry feature-head call (embedding, head, the target's projection), as a draft
+  step makes it: each call reads the feature the previous one predicted, in one jitted scan."""
+  enc = jnp.asarray(encoder_input_tokens)
+  _, _, head_cache0, draft_fn = feature_drafter.decoder_fns(
+      target_module, target_params, head, head_params, enc, max_decode_length)
+  rows = enc.shape[0]
+  span = max(max_decode_length - 1, 1)
+  feature0 = jnp.zeros((rows, 1, head.config.feature_dim), jnp.float32)
+
+  @jax.jit
+  def calls(head_cache, feature):
+    def body(carry, i):
+      cache, feature_b1e, token_b = carry
+      logits, predicted, cache = draft_fn(decoding.DecodingState(
+          cur_index=jnp.full((rows,), i % span, jnp.int32), sequences=jnp.zeros((rows, 1), jnp.int32),
+          cur_token=token_b[:, None], cache=cache), feature_b1e)
+      return (cache, predicted.astype(feature_b1e.dtype), sampling.argmax(logits[:, -1])), None
+    return jax.lax.scan(body, (head_cache, feature, jnp.full((rows,), 3, jnp.int32)), jnp.arange(num_calls))
+
+  return median_seconds(calls, head_cache0, feature0, repeats=repeats) / num_calls
+
+
 def measure_costs(target_module, target_params, drafter_module, drafter_params,
                   encoder_input_tokens: np.ndarray, max_decode_length: int, gamma: int) -> Dict[str, float]:
-  """Target 1-token, target γ+1-token (verify) and drafter 1-token call times; c and the verify ratio."""
+  """Target 1-token, target γ+1-token (verify) and drafter 1-token call times; c and the verify ratio.
+
+  A feature head's call is `time_head_calls` (it needs the target's embedding and projection).
+  """
   t_target = time_decode_calls(target_module, target_params, encoder_input_tokens, max_decode_length, 1)
   t_verify = time_decode_calls(target_module, target_params, encoder_input_tokens, max_decode_length,
                                gamma + 1)
-  t_draft = time_decode_calls(drafter_module, drafter_params, encoder_input_tokens, max_decode_length, 1)
+  if isinstance(drafter_module, feature_drafter.FeatureHead):
+    t_draft = time_head_calls(target_module, target_params, drafter_module, drafter_params,
+                              encoder_input_tokens, max_decode_length)
+  else:
+    t_draft = time_decode_calls(drafter_module, drafter_params, encoder_input_tokens, max_decode_length, 1)
   return {'target_call_s': t_target, 'verify_call_s': t_verify, 'draft_call_s': t_draft,
           'c': t_draft / t_target, 'verify_cost_ratio': t_verify / t_target}
 

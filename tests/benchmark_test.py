@@ -414,8 +414,8 @@ def test_validate_accepts_a_matching_pair_and_names_a_mismatch(tiny, copy_drafte
   with pytest.raises(ValueError, match='Vocabulary mismatch.*8192.*64'):
     benchmark.validate(benchmark.ModelPair(module, params, other, None), SETTING)
   head = feature_drafter.FeatureHead(feature_drafter.FeatureHeadConfig(
-      feature_dim=module.config.emb_dim, vocab_size=module.config.vocab_size))
-  with pytest.raises(ValueError, match='compare_drafters'):
+      feature_dim=module.config.emb_dim + 1, vocab_size=module.config.vocab_size))
+  with pytest.raises(ValueError, match='reads'):
     benchmark.validate(benchmark.ModelPair(module, params, head, None), SETTING)
 
 
@@ -433,3 +433,20 @@ def test_compile_decoders_pairs_each_decoder_with_its_params(tiny, copy_drafter)
   assert decoders.base_params == {'target': params}
   assert decoders.params == {'target': params, 'drafter': drafter_params}
   assert decoders.eos_id == EOS and callable(decoders.base_predict) and callable(decoders.spec_predict)
+
+
+def test_run_with_a_trimmed_feature_head(tiny, fixture_tasks, tmp_path):
+  """A feature head with a trimmed vocabulary is benchmarked like any drafter: exact, its costs measured."""
+  del fixture_tasks
+  module, params = tiny
+  head_config = feature_drafter.FeatureHeadConfig(feature_dim=module.config.emb_dim,
+                                                  vocab_size=module.config.vocab_size, width=8, num_heads=2,
+                                                  head_dim=4, mlp_dim=16)
+  head_params = feature_drafter.init_params(head_config, jax.random.PRNGKey(5))
+  s = benchmark.run(
+      benchmark.ModelPair(module, params, feature_drafter.FeatureHead(head_config), head_params, 'head',
+                          draft_vocab_ids=np.arange(1, module.config.vocab_size, 2)),
+      benchmark.TaskSplit(tasks.ENDE_LOCAL_TASK, 'test', LENGTHS, 1), SETTING,
+      benchmark.Output(str(tmp_path / 'head'), write_plot=False), benchmark.Measuring(measure_in_loop=True))
+  assert s['identical_rate'] == 1.0 and s['mismatches'] == []
+  assert s['costs']['c'] > 0 and s['in_loop']['draft_s'] > 0

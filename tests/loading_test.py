@@ -84,3 +84,17 @@ def test_feature_head_with_its_vocabulary_and_target(params, tmp_path):
     f.write('[1, 5, 10]')
   with pytest.raises(ValueError, match='draft_vocab.json'):
     loading.load_drafter(str(tmp_path))
+
+
+def test_draft_vocab_ids_of_any_directory(params, tmp_path):
+  head_config = feature_drafter.FeatureHeadConfig(feature_dim=CFG.emb_dim, vocab_size=CFG.vocab_size,
+                                                  width=8, num_heads=2, head_dim=4, mlp_dim=16)
+  feature_drafter.save(str(tmp_path / 'head'), head_config,
+                       feature_drafter.init_params(head_config, jax.random.PRNGKey(1)),
+                       target_sha256=feature_drafter.params_sha256(params), draft_vocab_ids=[1, 7])
+  np.testing.assert_array_equal(loading.draft_vocab_ids(str(tmp_path / 'head'), params), [1, 7])
+  checkpoints.save_compact(str(tmp_path / 't5'), CFG, params)
+  assert loading.draft_vocab_ids(str(tmp_path / 't5')) is None
+  assert loading.draft_vocab_ids(None) is None
+  with pytest.raises(ValueError, match='another target'):
+    loading.draft_vocab_ids(str(tmp_path / 'head'), jax.tree_util.tree_map(lambda x: x + 1.0, params))
