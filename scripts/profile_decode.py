@@ -2,7 +2,8 @@
 
   python scripts/profile_decode.py --drafter d1kd --gamma 4 --temperature 0 --run main_job_ende_t0
 
-For a target and drafter from `models/cpu` (or any compact checkpoint directory), γ and a temperature, on the
+For a target and drafter from `models/cpu` (or any model directory: a T5 network, an n-gram model or a feature
+head with its draft vocabulary), γ and a temperature, on the
 first examples of a local test split: the isolated model calls, each phase of a round (draft, verify, accept,
 commit) and the whole round inside a compiled loop, the baseline's round, the per-example fixed costs, the HLO
 of both decode loops (kernels per iteration, copies, scatters), and the end-to-end times of both decoders on
@@ -46,7 +47,8 @@ def _model_dir(name: str, models_dir: str) -> str:
 
 def profile(args) -> dict:
   target_module, target_params = loading.load_module_and_params(_model_dir(args.target, args.models))
-  drafter_module, drafter_params = loading.load_module_and_params(_model_dir(args.drafter, args.models))
+  drafter_module, drafter_params, draft_vocab_ids = loading.load_drafter(_model_dir(args.drafter, args.models),
+                                                                         target_params)
   task_name, lengths = TASKS[args.task]
   lengths = dict(lengths, targets=args.targets_length or lengths['targets'])
   examples = evaluation.task_examples(task_name, 'test', lengths, args.examples * args.batch_size)
@@ -57,7 +59,8 @@ def profile(args) -> dict:
     spec_params['draft_confidence'] = args.draft_confidence
   base = models.SpeculativeEncoderDecoderModel(target_module, None, decode_fn=decoding.temperature_sample)
   spec = models.SpeculativeEncoderDecoderModel(target_module, drafter_module,
-                                               decode_fn=decoding.speculative_sample)
+                                               decode_fn=decoding.speculative_sample,
+                                               draft_vocab_ids=draft_vocab_ids)
   base_predict, spec_predict = base.compile_predict(decoder_params), spec.compile_predict(spec_params)
   bp, sp = {'target': target_params}, {'target': target_params, 'drafter': drafter_params}
 

@@ -151,6 +151,9 @@ def time_chained_calls(target_module, target_params, drafter_module, drafter_par
   draft step costs inside the loop: compare (chained(γ) - chained(0)) / γ with the isolated drafter call.
   """
   enc = jnp.asarray(encoder_input_tokens)
+  if isinstance(drafter_module, feature_drafter.FeatureHead):
+    return _time_chained_head_calls(target_module, target_params, drafter_module, drafter_params, enc,
+                                    max_decode_length, num_new_tokens, draft_steps, num_calls, repeats)
   target_cache0 = _fresh_cache(target_module, target_params, enc, max_decode_length)
   draft_cache0 = _fresh_cache(drafter_module, drafter_params, enc, max_decode_length)
   rows = enc.shape[0]
@@ -196,6 +199,37 @@ def time_head_calls(target_module, target_params, head, head_params, encoder_inp
     return jax.lax.scan(body, (head_cache, feature, jnp.full((rows,), 3, jnp.int32)), jnp.arange(num_calls))
 
   return median_seconds(calls, head_cache0, feature0, repeats=repeats) / num_calls
+
+
+def _time_chained_head_calls(target_module, target_params, head, head_params, enc, max_decode_length: int,
+                             num_new_tokens: int, draft_steps: int, num_calls: int, repeats: int) -> float:
+  """`time_chained_calls` for a feature head: the target's call returns its features, the head's first step
+  reads the last of them and each later step its own prediction (as drafting does)."""
+  target_cache0, target_fn, head_cache0, draft_fn = feature_drafter.decoder_fns(
+      target_module, target_params, head, head_params, enc, max_decode_length)
+  rows = enc.shape[0]
+  span = max(max_decode_length - num_new_tokens - draft_steps, 1)
+  sequences = jnp.zeros((rows, 1), jnp.int32)
+
+  @jax.jit
+  def calls(target_cache, head_cache):
+    def body(carry, i):
+      target_cache, head_cache, token_b = carry
+      position = jnp.full((rows,), i % span, jnp.int32)
+      logits, features, target_cache = target_fn(decoding.DecodingState(
+          cur_index=position, sequences=sequences,
+          cur_token=jnp.broadcast_to(token_b[:, None], (rows, num_new_tokens)), cache=target_cache))
+      token_b, feature_b1e = sampling.argmax(logits[:, -1]), features[:, -1:]
+      for j in range(draft_steps):
+        logits, predicted, head_cache = draft_fn(decoding.DecodingState(
+            cur_index=position + num_new_tokens + j, sequences=sequences, cur_token=token_b[:, None],
+            cache=head_cache), feature_b1e)
+        token_b, feature_b1e = sampling.argmax(logits[:, -1]), predicted.astype(feature_b1e.dtype)
+      return (target_cache, head_cache, token_b), None
+    return jax.lax.scan(body, (target_cache, head_cache, jnp.full((rows,), 3, jnp.int32)),
+                        jnp.arange(num_calls))
+
+  return median_seconds(calls, target_cache0, head_cache0, repeats=repeats) / num_calls
 
 
 def measure_costs(target_module, target_params, drafter_module, drafter_params,

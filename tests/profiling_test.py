@@ -299,6 +299,20 @@ def test_in_loop_costs_of_a_feature_head(pair, temperature):
     assert math.isfinite(c[key]) and c[key] > 0, key
 
 
+def test_chained_and_isolated_head_calls(pair):
+  (tm, tp), _ = pair
+  head_config = feature_drafter.FeatureHeadConfig(feature_dim=tm.config.emb_dim, vocab_size=tm.config.vocab_size,
+                                                  width=8, num_heads=2, head_dim=4, mlp_dim=16)
+  head, hp = feature_drafter.FeatureHead(head_config), feature_drafter.init_params(head_config,
+                                                                                  jax.random.PRNGKey(2))
+  enc = _batch()['encoder_input_tokens']
+  for draft_steps in (0, 2):
+    t = profiling.time_chained_calls(tm, tp, head, hp, enc, 10, 3, draft_steps, num_calls=4, repeats=1)
+    assert math.isfinite(t) and t > 0
+  costs = profiling.measure_costs(tm, tp, head, hp, enc, 10, 2)
+  assert costs['draft_call_s'] > 0 and costs['c'] > 0
+
+
 def test_prefilled_feature_pair_is_the_loops_state(pair):
   """The prefilled head and kept features give the first draft the loop itself would give at that point."""
   (tm, tp), _ = pair
