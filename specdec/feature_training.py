@@ -191,18 +191,11 @@ class FeatureHeadTrainer(train.Trainer):
       examples = evaluation.task_examples(task_name, 'validation', lengths,
                                           config.feature_head.eval_examples)
       batches = []
-      for first in range(0, len(examples), batch_size):
-        chunk = examples[first:first + batch_size]
-        enc = np.zeros((batch_size, lengths['inputs']), np.int32)
-        for row, ex in enumerate(chunk):
-          tokens = np.asarray(ex['inputs'])[:lengths['inputs']]
-          enc[row, :len(tokens)] = tokens
-        dec = np.zeros((batch_size, lengths['targets']), np.int32)
-        decodes, _ = predict({'target': self.target_params_host},
-                             {'encoder_input_tokens': enc, 'decoder_input_tokens': dec})
+      for batch, chunk in evaluation.batches(examples, lengths, batch_size):
+        decodes, _ = predict({'target': self.target_params_host}, batch)
         decodes = np.array(decodes)
         decodes[len(chunk):] = 0  # padding rows carry no weight
-        batches.append(teacher_forced_batch(enc, decodes))
+        batches.append(teacher_forced_batch(batch['encoder_input_tokens'], decodes))
       self.eval_sets[task_name] = batches
     self.eval_step = jax.jit(lambda hp, tp, b: self._loss(hp, tp, b))
 
