@@ -87,9 +87,7 @@ def record_file_hashes(directory: str, names: Sequence[str]) -> dict:
 def save_compact(directory: str, config: network.T5Config, params: PyTree,
                  storage_dtype=jnp.bfloat16, extra: Optional[dict] = None) -> None:
   """Writes params.msgpack, then config.json (+ `extra` metadata, its sha256)."""
-  stored = jax.tree_util.tree_map(
-      lambda x: np.asarray(jnp.asarray(x, storage_dtype)), params)
-  data = flax.serialization.msgpack_serialize(flax.core.unfreeze(stored))
+  data = params_bytes(params, storage_dtype)
   meta = {'config': config_to_dict(config),
           'storage_dtype': jnp.dtype(storage_dtype).name,
           FILES_FIELD: {PARAMS_FILE: fileio.sha256_hex(data)}}
@@ -116,10 +114,15 @@ def load_config(directory: str) -> network.T5Config:
   return _config_of(_read_meta(directory), fileio.join(directory, CONFIG_FILE))
 
 
-def _read_compact(directory: str) -> Tuple[network.T5Config, PyTree]:
-  """(config, stored params tree) of a compact model, hash-checked."""
-  meta = _read_meta(directory)
-  config = _config_of(meta, fileio.join(directory, CONFIG_FILE))
+def params_bytes(params: PyTree, storage_dtype=jnp.bfloat16) -> bytes:
+  """A param tree as the compact format's params.msgpack bytes, each array stored as `storage_dtype`."""
+  stored = jax.tree_util.tree_map(lambda x: np.asarray(jnp.asarray(x, storage_dtype)), params)
+  return flax.serialization.msgpack_serialize(flax.core.unfreeze(stored))
+
+
+def read_params_file(directory: str, meta: Mapping[str, Any]) -> PyTree:
+  """The stored param tree of `directory`'s params.msgpack, checked against the sha256 its config.json
+  (`meta`) records; ValueError naming the file if it is damaged."""
   path = fileio.join(directory, PARAMS_FILE)
   data = fileio.read_verified(path, fileio.recorded_sha256(meta, PARAMS_FILE), CONFIG_FILE)
   try:
@@ -129,7 +132,14 @@ def _read_compact(directory: str) -> Tuple[network.T5Config, PyTree]:
   if not isinstance(stored, dict):
     raise ValueError(f'{path}: damaged params file (holds a '
                      f'{type(stored).__name__}, not a param tree).')
-  return config, stored
+  return stored
+
+
+def _read_compact(directory: str) -> Tuple[network.T5Config, PyTree]:
+  """(config, stored params tree) of a compact model, hash-checked."""
+  meta = _read_meta(directory)
+  config = _config_of(meta, fileio.join(directory, CONFIG_FILE))
+  return config, read_params_file(directory, meta)
 
 
 def load_compact(directory: str) -> Tuple[network.T5Config, PyTree]:

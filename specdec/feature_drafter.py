@@ -277,8 +277,8 @@ def param_logical_axes(config: FeatureHeadConfig) -> PyTree:
 # Storage: a head's directory.
 # -----------------------------------------------------------------------------
 
-CONFIG_FILE = 'config.json'
-PARAMS_FILE = 'params.msgpack'
+CONFIG_FILE = checkpoints.CONFIG_FILE  # the compact format's file names
+PARAMS_FILE = checkpoints.PARAMS_FILE
 DRAFT_VOCAB_FILE = 'draft_vocab.json'
 KIND = 'feature_head'
 
@@ -307,8 +307,7 @@ def save(directory: str, config: FeatureHeadConfig, params: PyTree, *, target_sh
   `target_sha256` (`params_sha256` of the target's params) names the target
   the head reads; loading it with another target is refused.
   """
-  stored = jax.tree_util.tree_map(lambda x: np.asarray(jnp.asarray(x, storage_dtype)), params)
-  data = flax.serialization.msgpack_serialize(flax.core.unfreeze(stored))
+  data = checkpoints.params_bytes(params, storage_dtype)
   files = {PARAMS_FILE: fileio.sha256_hex(data)}
   meta = {'kind': KIND, 'head_config': config.to_dict(),
           'storage_dtype': jnp.dtype(storage_dtype).name, 'target_params_sha256': target_sha256}
@@ -341,11 +340,7 @@ def load(directory: str) -> Tuple[FeatureHeadConfig, PyTree, Optional[np.ndarray
   except (KeyError, TypeError, ValueError) as e:
     raise ValueError(f'{config_path}: bad head_config ({e}).') from e
   path = fileio.join(directory, PARAMS_FILE)
-  data = fileio.read_verified(path, fileio.recorded_sha256(meta, PARAMS_FILE), CONFIG_FILE)
-  try:
-    stored = flax.serialization.msgpack_restore(data)
-  except Exception as e:  # pylint: disable=broad-except  (msgpack's many errors)
-    raise ValueError(f'{path}: damaged or truncated params file ({e}).') from e
+  stored = checkpoints.read_params_file(directory, meta)
   params = jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), stored)
   expected = jax.eval_shape(lambda: init_params(config, jax.random.PRNGKey(0)))
   checkpoints.check_param_shapes(params, expected, where=path)
