@@ -13,7 +13,7 @@ first-draft acceptance.
 
 Pure functions over numpy arrays; a sequence is any 1-D run of token ids and
 0 is padding (never counted). The id files are JSON lists of ints, sorted
-ascending and unique (what `models.check_draft_vocab_ids` accepts).
+ascending and unique (what `check_draft_vocab_ids` accepts).
 """
 
 import json
@@ -116,7 +116,7 @@ def save_ids(path: str, ids: Iterable[int]) -> None:
 
 
 def load_ids(path: str, vocab_size: Optional[int] = None) -> np.ndarray:
-  """The ids of a file `save_ids` wrote, int32; checked by `models.check_draft_vocab_ids` given `vocab_size`.
+  """The ids of a file `save_ids` wrote, int32; checked by `check_draft_vocab_ids` given `vocab_size`.
 
   FileNotFoundError without a file; ValueError naming it for anything but a
   non-empty JSON list of sorted unique int ids (in [0, vocab_size) when given).
@@ -133,9 +133,23 @@ def load_ids(path: str, vocab_size: Optional[int] = None) -> np.ndarray:
     raise ValueError(f'{path}: not a JSON list of token ids (a JSON {type(value).__name__}).')
   ids = _check_id_list(value, str(path))
   if vocab_size is not None:
-    from specdec import models  # pylint: disable=g-import-not-at-top  (imports JAX)
     try:
-      ids = models.check_draft_vocab_ids(ids, int(vocab_size))
+      ids = check_draft_vocab_ids(ids, int(vocab_size))
     except ValueError as e:
       raise ValueError(f'{path}: {e}') from e
   return ids
+
+
+def check_draft_vocab_ids(vocab_ids, vocab_size: int) -> np.ndarray:
+  """A trimmed draft vocabulary (`models.SpeculativeEncoderDecoderModel(draft_vocab_ids=...)`) as sorted
+  unique int32 ids in [0, vocab_size); ValueError otherwise."""
+  ids = np.asarray(vocab_ids)
+  if ids.ndim != 1 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
+    raise ValueError(f'draft_vocab_ids must be a non-empty 1-D array of token ids, got shape '
+                     f'{ids.shape} and dtype {ids.dtype}.')
+  if ids.min() < 0 or ids.max() >= vocab_size:
+    raise ValueError(f'draft_vocab_ids holds ids outside [0, {vocab_size}) (the target\'s '
+                     'vocabulary).')
+  if np.any(np.diff(ids) <= 0):
+    raise ValueError('draft_vocab_ids must be sorted and unique.')
+  return ids.astype(np.int32)

@@ -33,6 +33,7 @@ from jax.sharding import PartitionSpec
 
 from specdec import checkpoints
 from specdec import decoding
+from specdec import draft_vocab
 from specdec import evaluation
 from specdec import feature_drafter
 from specdec import fileio
@@ -68,7 +69,7 @@ def read_draft_vocab(path: Optional[str], vocab_size: int) -> Optional[np.ndarra
       ids = json.load(f)
     except json.JSONDecodeError as e:
       raise ValueError(f'{path}: not a JSON list of token ids ({e}).') from e
-  return models.check_draft_vocab_ids(np.asarray(ids), vocab_size)
+  return draft_vocab.check_draft_vocab_ids(np.asarray(ids), vocab_size)
 
 
 class FeatureHeadTrainer(train.Trainer):

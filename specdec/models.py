@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec import decoding
+from specdec import draft_vocab
 from specdec import feature_drafter
 from specdec import network
 
@@ -100,7 +101,7 @@ class SpeculativeEncoderDecoderModel:
       feature_drafter.check_target(drafter_module.config, module.config)
     self.draft_vocab_ids = None
     if draft_vocab_ids is not None:
-      self.draft_vocab_ids = check_draft_vocab_ids(draft_vocab_ids, _vocab_size(module))
+      self.draft_vocab_ids = draft_vocab.check_draft_vocab_ids(draft_vocab_ids, _vocab_size(module))
       if not isinstance(drafter_module, (network.Transformer, feature_drafter.FeatureHead)):
         raise ValueError('draft_vocab_ids needs a neural drafter (a T5 network or a feature '
                          f'head), got {type(drafter_module).__name__}.')
@@ -361,16 +362,3 @@ class SpeculativeEncoderDecoderModel:
       weights = targets > 0
     return jnp.sum(log_probs * weights, axis=-1)
 
-
-def check_draft_vocab_ids(vocab_ids, vocab_size: int) -> np.ndarray:
-  """A trimmed draft vocabulary as sorted unique int32 ids in [0, vocab_size); ValueError otherwise."""
-  ids = np.asarray(vocab_ids)
-  if ids.ndim != 1 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
-    raise ValueError(f'draft_vocab_ids must be a non-empty 1-D array of token ids, got shape '
-                     f'{ids.shape} and dtype {ids.dtype}.')
-  if ids.min() < 0 or ids.max() >= vocab_size:
-    raise ValueError(f'draft_vocab_ids holds ids outside [0, {vocab_size}) (the target\'s '
-                     'vocabulary).')
-  if np.any(np.diff(ids) <= 0):
-    raise ValueError('draft_vocab_ids must be sorted and unique.')
-  return ids.astype(np.int32)
