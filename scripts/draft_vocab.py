@@ -9,7 +9,8 @@ its whole vocabulary, so decoding stays exact. The ids are the K most frequent
 tokens of the target's own decodes: the `targets` of `<corpus>/<task>/train.jsonl`
 of a distillation corpus (scripts/build_distill_corpus.py), both tasks pooled,
 tokenized with the task's vocabulary, plus EOS once per decode (always kept).
-One id list serves both tasks, as one drafter does.
+One id list serves both tasks, as one drafter does (`--tasks` counts one task's
+decodes only, e.g. of a corpus that holds only that task's).
 
 Held-out coverage: the target decodes the first `--heldout` validation inputs
 of each task greedily; for each K, the share of those decodes' tokens (EOS
@@ -119,31 +120,35 @@ def markdown(record):
   """The report: a table of K against held-out and in-sample coverage."""
   tasks = list(record['counts']['decodes'])
   heldout = bool(record.get('heldout'))
+  pooled = ('both tasks pooled' if len(tasks) > 1
+            else f'{TASK_LABELS.get(tasks[0], tasks[0])} decodes only')
+  # A pooled column only where there is more than one task to pool.
+  both = lambda label: [label] if len(tasks) > 1 else []  # pylint: disable=unnecessary-lambda-assignment
   lines = ['# Trimmed draft vocabularies: coverage of the target\'s decodes', '',
            f'Corpus `{record["corpus"]}` ({record["corpus_decoding"]}), target `{record["model"]}` '
            f'(vocabulary {record["vocab_size"]}). Ids: the K most frequent tokens of the corpus\'s '
            f'{record["counts"]["decodes_all"]} train decodes ({record["counts"]["tokens_all"]} tokens '
-           f'with EOS, {record["counts"]["distinct_all"]} distinct ids), EOS always kept, both tasks pooled.', '']
+           f'with EOS, {record["counts"]["distinct_all"]} distinct ids), EOS always kept, {pooled}.', '']
   if heldout:
     n = ', '.join(f'{TASK_LABELS.get(t, t)} {record["heldout"][t]["decodes"]} decodes / '
                   f'{record["heldout"][t]["tokens"]} tokens' for t in tasks)
     lines += ['Held-out coverage: the share of the target\'s greedy decodes of the first validation inputs '
               f'({n}; EOS counted, padding not) whose token lies in the K ids: the ceiling of a K-token '
               'drafter\'s first-draft acceptance. In-sample: the same share of the corpus\'s own tokens.', '']
-    head = (['K'] + [f'held-out {TASK_LABELS.get(t, t)}' for t in tasks] + ['held-out both']
+    head = (['K'] + [f'held-out {TASK_LABELS.get(t, t)}' for t in tasks] + both('held-out both')
             + [f'in-sample {TASK_LABELS.get(t, t)}' for t in tasks] + ['ids file'])
   else:
     lines += ['No held-out decodes (`--heldout 0`): in-sample coverage only (the share of the corpus\'s '
               'own tokens in the K ids).', '']
-    head = ['K'] + [f'in-sample {TASK_LABELS.get(t, t)}' for t in tasks] + ['in-sample both', 'ids file']
+    head = ['K'] + [f'in-sample {TASK_LABELS.get(t, t)}' for t in tasks] + both('in-sample both') + ['ids file']
   lines += ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
   for row in record['rows']:
     if heldout:
-      cells = ([str(row['k'])] + [_pct(row['coverage'][t]) for t in tasks] + [_pct(row['coverage_all'])]
+      cells = ([str(row['k'])] + [_pct(row['coverage'][t]) for t in tasks] + both(_pct(row['coverage_all']))
                + [_pct(row['corpus_coverage'][t]) for t in tasks])
     else:
       cells = ([str(row['k'])] + [_pct(row['corpus_coverage'][t]) for t in tasks]
-               + [_pct(row['corpus_coverage_all'])])
+               + both(_pct(row['corpus_coverage_all'])))
     lines.append('| ' + ' | '.join(cells + [f'`{row["ids_file"]}`']) + ' |')
   unseen = [row['k'] for row in record['rows'] if row['k'] > record['counts']['distinct_all']]
   if unseen:
@@ -216,6 +221,9 @@ def parse_args(argv=None):
   parser.add_argument('--batch_size', type=int, default=64)
   parser.add_argument('--inputs_length', type=int, default=96)
   parser.add_argument('--targets_length', type=int, default=48)
+  parser.add_argument('--tasks', nargs='+', choices=sorted(TASK_DIRS.values()),
+                      default=list(TASK_DIRS.values()),
+                      help='the corpus folders counted and held out (default: both tasks)')
   args = parser.parse_args(argv)
   if any(k < 1 for k in args.k):
     parser.error(f'--k must be >= 1, got {args.k}.')
@@ -229,7 +237,8 @@ def main(argv=None):
   args = parse_args(argv)
   argv = sys.argv[1:] if argv is None else list(argv)
   log = lambda msg: print(msg, flush=True)  # pylint: disable=unnecessary-lambda-assignment
-  for task_dir in TASK_DIRS.values():
+  task_dirs = {name: d for name, d in TASK_DIRS.items() if d in args.tasks}
+  for task_dir in task_dirs.values():
     for split in ('train',) + (('validation',) if args.heldout else ()):
       path = os.path.join(args.corpus, task_dir, f'{split}.jsonl')
       if not fileio.exists(path):
@@ -244,7 +253,7 @@ def main(argv=None):
   tasks.register_local_tasks(args.corpus)
   task_counts, decodes, tokens = {}, {}, {}
   t0 = time.perf_counter()
-  for task_name, task_dir in TASK_DIRS.items():
+  for task_name, task_dir in task_dirs.items():
     vocab = bdc.seqio_vocab(task_name)
     seqs = corpus_sequences(read_targets(args.corpus, task_dir), vocab.encode)
     task_counts[task_dir] = draft_vocab.token_counts(seqs, vocab_size)
@@ -263,7 +272,7 @@ def main(argv=None):
     module, params = loading.load_module_and_params(args.model)
     model = models.SpeculativeEncoderDecoderModel(module, None, decode_fn=decoding.temperature_sample)
     predict = model.compile_predict({'temperature': 0.0})
-    for task_name, task_dir in TASK_DIRS.items():
+    for task_name, task_dir in task_dirs.items():
       heldout[task_dir] = decode_heldout(task_name, task_dir, predict, {'target': params}, lengths,
                                          args.heldout, args.batch_size, log)
 

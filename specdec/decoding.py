@@ -520,7 +520,8 @@ class DraftCarry(NamedTuple):
   """The carry of `draft_phase`'s loop over draft positions.
 
   Attributes:
-    j: the draft position to fill next (0-based, < γ).
+    j: the draft position to fill next (0-based, < γ); a Python int when
+      the steps are unrolled (fixed γ).
     token_b: [B] the last draft, fed to the drafter next.
     cache: the drafter's cache.
     tokens_bg: [B, γ] the drafts so far.
@@ -677,6 +678,15 @@ def draft_phase(spec: LoopSpec, state: SpeculativeLoopState,
         drafting_b=(drafting_b & (confidence_b >= spec.draft_confidence)) if adaptive else drafting_b,
         num_drafted_b=carry.num_drafted_b + drafting_b, feature_be=feature_be)
 
+  if not adaptive:
+    # A fixed number of steps: unrolled, so each step's writes land in place
+    # and nothing is carried through a loop (no per-iteration loop overhead).
+    carry = DraftCarry(j=1, token_b=token_b, cache=cache, tokens_bg=tokens_bg,
+                       logq_bgv=logq_bgv, drafting_b=drafting_b, num_drafted_b=num_drafted_b,
+                       feature_be=feature_be)
+    for _ in range(1, gamma):
+      carry = body(carry)
+    return Drafts(carry.tokens_bg, carry.logq_bgv, carry.num_drafted_b, carry.cache)
   final = lax.while_loop(cond, body, DraftCarry(
       j=jnp.ones((), jnp.int32), token_b=token_b, cache=cache, tokens_bg=tokens_bg,
       logq_bgv=logq_bgv, drafting_b=drafting_b, num_drafted_b=num_drafted_b,

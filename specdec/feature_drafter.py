@@ -401,6 +401,10 @@ def decoder_fns(target_module: network.Transformer, target_params: PyTree,
                             max_decode_length, method=head.init_cache, mutable=['cache'])
   vocab_size = target_module.config.vocab_size
   ids = None if vocab_ids is None else jnp.asarray(vocab_ids, jnp.int32)
+  # Sliced once per decode, outside the loop: a per-step gather of K columns
+  # would cost more than the head's own layers.
+  kernel_ek = None if ids is None else target_module.apply(
+      {'params': target_params}, ids, method=target_module.projection_rows)
 
   def target_fn(state: decoding.DecodingState):
     (logits, features), new_vars = target_module.apply(
@@ -414,10 +418,11 @@ def decoder_fns(target_module: network.Transformer, target_params: PyTree,
     predicted, new_vars = head.apply(
         {'params': head_params, 'cache': state.cache}, features_bke, embedded,
         state.cur_index, method=head.decode_step, mutable=['cache'])
-    logits = target_module.apply({'params': target_params}, predicted, ids,
-                                 method=target_module.project)
-    if ids is not None:
-      logits = widen_logits(logits, ids, vocab_size)
+    if ids is None:
+      logits = target_module.apply({'params': target_params}, predicted,
+                                   method=target_module.project)
+    else:
+      logits = widen_logits(network.project_rows(predicted, kernel_ek), ids, vocab_size)
     return logits, predicted, constrain(new_vars['cache'])
 
   return constrain(target_vars['cache']), target_fn, constrain(head_vars['cache']), draft_fn

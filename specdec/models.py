@@ -205,14 +205,19 @@ class SpeculativeEncoderDecoderModel:
                                 encoder_input_tokens, max_decode_length,
                                 method=module.init_cache, mutable=['cache'])
 
-    extra = {} if vocab_ids is None else {'vocab_ids': jnp.asarray(vocab_ids, jnp.int32)}
+    extra, ids = {}, None
+    if vocab_ids is not None:
+      # The projection's K columns, sliced once here rather than every step.
+      ids = jnp.asarray(vocab_ids, jnp.int32)
+      extra['projection_ek'] = module.apply({'params': params}, ids,
+                                            method=module.projection_rows)
 
     def tokens_to_logits(state: decoding.DecodingState):
       logits, new_vars = module.apply(
           {'params': params, 'cache': state.cache}, state.cur_token,
           state.cur_index, method=module.decode_step, mutable=['cache'], **extra)
-      if vocab_ids is not None:
-        logits = feature_drafter.widen_logits(logits, extra['vocab_ids'], _vocab_size(module))
+      if ids is not None:
+        logits = feature_drafter.widen_logits(logits, ids, _vocab_size(module))
       return logits, constrain(new_vars.get('cache', {}))
 
     # A stateless drafter (e.g. an n-gram model) has an empty cache.

@@ -245,6 +245,11 @@ def _project(x_xe: Array, kernel_en: Array) -> Array:
   return y_rn.reshape(x_xe.shape[:-1] + (kernel_en.shape[-1],))
 
 
+def project_rows(features_xe: Array, kernel_ek: Array) -> Array:
+  """Logits [..., K] float32 of features [..., E] through a sliced projection kernel [E, K]."""
+  return _project(features_xe.astype(jnp.float32), kernel_ek)
+
+
 class DenseGeneral(nn.Module):
   """Bias-free linear map of the last `num_input_axes` axes to `features`.
 
@@ -591,29 +596,39 @@ class Decoder(nn.Module):
     A subset costs K/V of the full projection: the rows of the other tokens
     are never read.
     """
-    cfg = self.config
-    if cfg.logits_via_embedding:
+    if vocab_ids is None or self.is_initializing():
+      if self.config.logits_via_embedding:
+        scale = np.sqrt(features.shape[-1]).astype(np.float32)
+        return self.shared_embedding.attend(features) / scale
+      return self.logits_dense(features)
+    return project_rows(features, self.projection_rows(vocab_ids))
+
+  def projection_rows(self, vocab_ids: Array) -> Array:
+    """The output projection's kernel [E, K] float32 over `vocab_ids` [K] (tied: rescaled).
+
+    A decode loop slices it once and reads it every step (`project_rows`),
+    rather than gathering K columns per call.
+    """
+    if self.config.logits_via_embedding:
       # Embedding rows are ~normal(1.0): T5X rescales tied logits by
       # 1/sqrt(emb_dim).
-      scale = np.sqrt(features.shape[-1]).astype(np.float32)
-      if vocab_ids is None:
-        return self.shared_embedding.attend(features) / scale
       rows_ke = jnp.take(self.shared_embedding.embedding, vocab_ids, axis=0)
-      return _project(features.astype(jnp.float32), rows_ke.T) / scale
-    if vocab_ids is None or self.is_initializing():
-      return self.logits_dense(features)
+      scale = np.sqrt(rows_ke.shape[-1]).astype(np.float32)
+      return rows_ke.T.astype(jnp.float32) / scale
     kernel_ev = self.logits_dense.variables['params']['kernel']
     # float32, as the full projection (logits_dense's dtype).
-    kernel_ek = jnp.take(kernel_ev, vocab_ids, axis=1).astype(jnp.float32)
-    return _project(features.astype(jnp.float32), kernel_ek)
+    return jnp.take(kernel_ev, vocab_ids, axis=1).astype(jnp.float32)
 
   def _logits(self, y: Array, deterministic: bool) -> Array:
     return self.project(self._features(y, deterministic))
 
   def _outputs(self, y: Array, deterministic: bool, return_features: bool,
-               vocab_ids: Optional[Array]):
+               vocab_ids: Optional[Array], projection_ek: Optional[Array] = None):
     features = self._features(y, deterministic)
-    logits = self.project(features, vocab_ids)
+    if projection_ek is not None:
+      logits = project_rows(features, projection_ek)
+    else:
+      logits = self.project(features, vocab_ids)
     return (logits, features) if return_features else logits
 
   def __call__(self, encoded_bse: Array, tokens_bt: Array, self_mask: Array,
@@ -634,7 +649,8 @@ class Decoder(nn.Module):
 
   def decode_step(self, tokens_bk: Array, positions_b: Array,
                   deterministic: bool, return_features: bool = False,
-                  vocab_ids: Optional[Array] = None) -> Array:
+                  vocab_ids: Optional[Array] = None,
+                  projection_ek: Optional[Array] = None) -> Array:
     offsets_k = jnp.arange(tokens_bk.shape[1], dtype=positions_b.dtype)
     positions_bk = positions_b[:, None] + offsets_k[None]
     length = self.layers[0].self_attention.cache_length()
@@ -646,7 +662,7 @@ class Decoder(nn.Module):
     for layer in self.layers:
       y = layer.decode_step(y, positions_bk, bias_bhkl, cross_mask_b11s,
                             deterministic)
-    return self._outputs(y, deterministic, return_features, vocab_ids)
+    return self._outputs(y, deterministic, return_features, vocab_ids, projection_ek)
 
 
 # -----------------------------------------------------------------------------
@@ -762,11 +778,14 @@ class Transformer(nn.Module):
 
   def decode_step(self, decoder_input_tokens: Array, decoder_positions: Array,
                   *, enable_dropout: bool = False, return_features: bool = False,
-                  vocab_ids: Optional[Array] = None) -> Array:
+                  vocab_ids: Optional[Array] = None,
+                  projection_ek: Optional[Array] = None) -> Array:
     """k >= 1 tokens a row through the cache: logits [B, k, V] float32.
 
     With `return_features`: (logits, features [B, k, E]). With `vocab_ids`
-    [K]: logits over those tokens only, [B, k, K] (see `project`).
+    [K]: logits over those tokens only, [B, k, K] (see `project`); with
+    `projection_ek` (`projection_rows(vocab_ids)`, sliced once by a decode
+    loop) the same logits without slicing the kernel again.
 
     Apply with {'params': ..., 'cache': ...} and mutable=['cache']. Token j
     of row b sits at position decoder_positions[b] + j: its key/value is
@@ -788,11 +807,13 @@ class Transformer(nn.Module):
       raise ValueError(
           'decode_step expects tokens [B, k] and positions [B], got '
           f'{decoder_input_tokens.shape} and {decoder_positions.shape}.')
+    if vocab_ids is not None and projection_ek is not None:
+      raise ValueError('decode_step takes vocab_ids or projection_ek, not both.')
     return self.decoder.decode_step(decoder_input_tokens,
                                     decoder_positions.astype(jnp.int32),
                                     deterministic=not enable_dropout,
                                     return_features=return_features,
-                                    vocab_ids=vocab_ids)
+                                    vocab_ids=vocab_ids, projection_ek=projection_ek)
 
   def project(self, features: Array, vocab_ids: Optional[Array] = None) -> Array:
     """The output projection of final features [..., E]: logits [..., V] float32.
@@ -802,6 +823,10 @@ class Transformer(nn.Module):
     the target's own projection.
     """
     return self.decoder.project(features, vocab_ids)
+
+  def projection_rows(self, vocab_ids: Array) -> Array:
+    """The output projection's kernel [E, K] over `vocab_ids` (see Decoder.projection_rows)."""
+    return self.decoder.projection_rows(vocab_ids)
 
   def embed(self, tokens: Array) -> Array:
     """The shared token embedding [..., E] (config.dtype)."""

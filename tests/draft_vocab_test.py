@@ -3,6 +3,7 @@
 import importlib.util
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -251,3 +252,35 @@ def test_script_says_what_the_corpus_holds(tmp_path):
   assert not said
   script.corpus_decoding(str(tmp_path), 'models/other', said.append)
   assert 'holds decodes of models/t, not of --model models/other' in said.pop()
+
+
+def test_script_counts_only_the_tasks_asked_for(tmp_path):
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from specdec import checkpoints, network, tasks  # pylint: disable=g-import-not-at-top
+  config = network.T5Config(vocab_size=8192, emb_dim=16, num_heads=2, head_dim=8, num_encoder_layers=1,
+                            num_decoder_layers=1, mlp_dim=32, dropout_rate=0.0, dtype=jnp.float32)
+  model_dir = str(tmp_path / 'target')
+  checkpoints.save_compact(model_dir, config, network.init_params(config, jax.random.PRNGKey(0)),
+                           storage_dtype=jnp.float32)
+  # A corpus holding only the En->De task's decodes: the other task's folder is absent.
+  corpus = tmp_path / 'corpus'
+  shutil.copytree(os.path.join(FIXTURE_CORPUS, 'translate_en_de'), corpus / 'translate_en_de')
+  default_corpus = tasks.DEFAULT_CORPUS_DIR
+  args = ['--corpus', str(corpus), '--model', model_dir, '--k', '4', '--heldout', '0',
+          '--out_dir', str(tmp_path / 'results'), '--ids_dir', str(tmp_path / 'ids')]
+  try:
+    with pytest.raises(SystemExit, match='summarize_ddtp/train.jsonl'):
+      _script().main(args)
+    record = _script().main(args + ['--tasks', 'translate_en_de'])
+  finally:
+    tasks.register_local_tasks(corpus_dir=default_corpus)
+  vocab = tasks.get_vocabulary()
+  with open(corpus / 'translate_en_de' / 'train.jsonl', encoding='utf-8') as f:
+    seqs = [vocab.encode(json.loads(line)['targets']) + [1] for line in f]
+  assert list(record['counts']['decodes']) == ['translate_en_de']
+  assert record['counts']['decodes_all'] == len(seqs)
+  np.testing.assert_array_equal(draft_vocab.load_ids(str(tmp_path / 'ids' / 'top4.json'), 8192),
+                                draft_vocab.top_ids(draft_vocab.token_counts(seqs, 8192), 4))
+  table = (tmp_path / 'results' / 'draft_vocab.md').read_text()
+  assert 'En→De decodes only' in table and 'both' not in table

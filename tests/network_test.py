@@ -5,6 +5,7 @@ a few (B=2, S=6, T=L=8) so the jitted functions compile only a handful of
 times.
 """
 
+import dataclasses
 import os
 import functools
 
@@ -605,3 +606,44 @@ def test_rowwise_projection_of_k_rows_is_bitwise_the_one_row_projection(monkeypa
   rows = np.asarray(project(x, kernel))
   for j in range(x.shape[1]):
     np.testing.assert_array_equal(rows[:, j], np.asarray(project(x[:, j:j + 1], kernel))[:, 0])
+
+
+# -----------------------------------------------------------------------------
+# The output projection over a subset of the vocabulary
+# -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize('tied', [False, True])
+def test_projection_over_vocab_ids_is_those_columns_of_the_full_one(tied):
+  model = network.Transformer(dataclasses.replace(CFG, logits_via_embedding=tied))
+  model_params = network.init_params(model.config, jax.random.key(1))
+  rng = np.random.default_rng(1)
+  features = jnp.asarray(rng.normal(size=(B, 3, CFG.emb_dim)), jnp.float32)
+  ids = jnp.asarray(np.sort(rng.choice(CFG.vocab_size, 40, replace=False)), jnp.int32)
+  apply = lambda method, *args: model.apply({'params': model_params}, *args, method=method)
+  full = np.asarray(apply(Transformer.project, features))
+  subset = np.asarray(apply(Transformer.project, features, ids))
+  kernel_ek = apply(Transformer.projection_rows, ids)
+  rows = np.asarray(network.project_rows(features, kernel_ek))
+  assert subset.shape == rows.shape == (B, 3, 40)
+  # fp32 dot products of length E, summed in any order (and, tied, the
+  # 1/sqrt(E) scale applied before or after): |error| <= 2·E·eps·Σ|x||k|.
+  magnitude = np.abs(np.asarray(features)) @ np.abs(np.asarray(kernel_ek))
+  bound = 2 * CFG.emb_dim * np.finfo(np.float32).eps * magnitude + 1e-30
+  assert np.all(np.abs(subset - full[..., np.asarray(ids)]) <= bound)
+  np.testing.assert_array_equal(rows, subset)
+
+
+def test_decode_step_with_a_sliced_projection_matches_vocab_ids(params, reference, data):
+  ids = jnp.asarray([1, 5, 7, 100, CFG.vocab_size - 1], jnp.int32)
+  kernel_ek = MODEL.apply({'params': params}, ids, method=Transformer.projection_rows)
+  tokens, positions = data['dec_in'][:, :2], jnp.zeros((B,), jnp.int32)
+
+  def call(**kw):
+    logits, _ = MODEL.apply({'params': params, 'cache': reference['cache']}, tokens, positions,
+                            method=Transformer.decode_step, mutable=['cache'], **kw)
+    return np.asarray(logits)
+
+  np.testing.assert_array_equal(call(projection_ek=kernel_ek), call(vocab_ids=ids))
+  with pytest.raises(ValueError, match='vocab_ids or projection_ek, not both'):
+    call(vocab_ids=ids, projection_ek=kernel_ek)
