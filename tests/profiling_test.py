@@ -169,12 +169,17 @@ def test_compiled_loop_facts_sees_the_decode_loops(pair):
   (tm, tp), (dm, dp) = pair
   batch = _batch()
   spec = models.SpeculativeEncoderDecoderModel(tm, dm, decode_fn=decoding.speculative_sample)
-  facts = profiling.compiled_loop_facts(spec, {'target': tp, 'drafter': dp}, batch,
-                                        {'temperature': 0.0, 'gamma': 3})
-  # The decode loop and the drafting loop inside it.
-  assert len(facts) >= 2
-  assert all(f['kernels'] > 0 for f in facts.values())
-  assert any(f['while'] >= 1 for f in facts.values())
+  params = {'target': tp, 'drafter': dp}
+  # A fixed γ drafts in unrolled steps: the decode loop alone, with no loop inside.
+  fixed = profiling.compiled_loop_facts(spec, params, batch, {'temperature': 0.0, 'gamma': 3})
+  assert len(fixed) == 1
+  assert all(f['kernels'] > 0 and f['while'] == 0 for f in fixed.values())
+  # Adaptive drafting stops when no row drafts any more: the decode loop and the drafting loop inside it.
+  adaptive = profiling.compiled_loop_facts(spec, params, batch,
+                                           {'temperature': 0.0, 'gamma': 3, 'draft_confidence': 0.5})
+  assert len(adaptive) >= 2
+  assert all(f['kernels'] > 0 for f in adaptive.values())
+  assert any(f['while'] >= 1 for f in adaptive.values())
 
 
 def test_in_loop_costs_subset_of_parts(pair):
