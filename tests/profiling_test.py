@@ -287,14 +287,19 @@ def test_time_side_by_side_interleaves_and_keeps_the_fastest_repeat():
   assert len(out['b']['seconds']) == 2 and all(s > 0 for s in out['b']['seconds'])
 
 
+def _tiny_head(target_module):
+  """A random 8-wide feature head for `target_module`: (module, params)."""
+  config = feature_drafter.FeatureHeadConfig(feature_dim=target_module.config.emb_dim,
+                                             vocab_size=target_module.config.vocab_size,
+                                             width=8, num_heads=2, head_dim=4, mlp_dim=16)
+  return feature_drafter.FeatureHead(config), feature_drafter.init_params(config, jax.random.PRNGKey(2))
+
+
 @pytest.mark.parametrize('temperature', [0.0, 1.0])
 def test_in_loop_costs_of_a_feature_head(pair, temperature):
   """The phases of a feature-drafting round time too (the head's state as the loop leaves it)."""
   (tm, tp), _ = pair
-  head_config = feature_drafter.FeatureHeadConfig(feature_dim=tm.config.emb_dim, vocab_size=tm.config.vocab_size,
-                                                  width=8, num_heads=2, head_dim=4, mlp_dim=16)
-  head, hp = feature_drafter.FeatureHead(head_config), feature_drafter.init_params(head_config,
-                                                                                  jax.random.PRNGKey(2))
+  head, hp = _tiny_head(tm)
   decoded = np.asarray([5, 9, 12, 7, 1, 0, 0, 0, 0, 0], np.int32)
   params = {'temperature': temperature, 'topk': 0, 'topp': 0.0, 'gamma': 2, 'return_stats': True}
   c = profiling.in_loop_costs(tm, tp, head, hp, _batch(), decoded, 2, params, iters=4, repeats=2,
@@ -306,10 +311,7 @@ def test_in_loop_costs_of_a_feature_head(pair, temperature):
 
 def test_chained_and_isolated_head_calls(pair):
   (tm, tp), _ = pair
-  head_config = feature_drafter.FeatureHeadConfig(feature_dim=tm.config.emb_dim, vocab_size=tm.config.vocab_size,
-                                                  width=8, num_heads=2, head_dim=4, mlp_dim=16)
-  head, hp = feature_drafter.FeatureHead(head_config), feature_drafter.init_params(head_config,
-                                                                                  jax.random.PRNGKey(2))
+  head, hp = _tiny_head(tm)
   enc = _batch()['encoder_input_tokens']
   for draft_steps in (0, 2):
     t = profiling.time_chained_calls(tm, tp, head, hp, enc, 10, 3, draft_steps, num_calls=4, repeats=1)
@@ -321,10 +323,7 @@ def test_chained_and_isolated_head_calls(pair):
 def test_prefilled_feature_pair_is_the_loops_state(pair):
   """The prefilled head and kept features give the first draft the loop itself would give at that point."""
   (tm, tp), _ = pair
-  head_config = feature_drafter.FeatureHeadConfig(feature_dim=tm.config.emb_dim, vocab_size=tm.config.vocab_size,
-                                                  width=8, num_heads=2, head_dim=4, mlp_dim=16)
-  head, hp = feature_drafter.FeatureHead(head_config), feature_drafter.init_params(head_config,
-                                                                                  jax.random.PRNGKey(2))
+  head, hp = _tiny_head(tm)
   enc = jnp.asarray(_batch()['encoder_input_tokens'])
   prefix = jnp.asarray([[0, 5, 9, 12]], jnp.int32)
   _, _, head_cache, draft_fn, kept, start = profiling._prefilled_feature_pair(  # pylint: disable=protected-access
