@@ -89,7 +89,7 @@ def compare(args) -> dict:
                                                    draft_vocab_ids=vocab_ids)
       predict = spec.compile_predict(dict(sampling_params, gamma=gamma, return_stats=True))
       decoders[label(f'{drafter}:{gamma}', shrink)] = functools.partial(
-          predict, {'target': target_params, 'drafter': drafter_params})
+          predict, spec.with_draft_projection({'target': target_params, 'drafter': drafter_params}))
   timed = profiling.time_side_by_side(decoders, batches, repeats=args.repeats)
 
   plain = timed[label('baseline', modes[0])]

@@ -62,7 +62,8 @@ def profile(args) -> dict:
                                                decode_fn=decoding.speculative_sample,
                                                draft_vocab_ids=draft_vocab_ids)
   base_predict, spec_predict = base.compile_predict(decoder_params), spec.compile_predict(spec_params)
-  bp, sp = {'target': target_params}, {'target': target_params, 'drafter': drafter_params}
+  bp = {'target': target_params}
+  sp = spec.with_draft_projection({'target': target_params, 'drafter': drafter_params})
 
   print('end to end ...', flush=True)
   rows = []
@@ -90,16 +91,18 @@ def profile(args) -> dict:
 
   print('isolated calls ...', flush=True)
   isolated = profiling.measure_costs(target_module, target_params, drafter_module, drafter_params,
-                                     first['encoder_input_tokens'], lengths['targets'], args.gamma)
+                                     first['encoder_input_tokens'], lengths['targets'], args.gamma,
+                                     draft_vocab_ids=draft_vocab_ids)
   chain = [profiling.time_chained_calls(target_module, target_params, drafter_module, drafter_params,
                                        first['encoder_input_tokens'], lengths['targets'], args.gamma + 1, steps,
-                                       repeats=args.repeats + 2) for steps in (0, args.gamma)]
+                                       repeats=args.repeats + 2, draft_vocab_ids=draft_vocab_ids)
+           for steps in (0, args.gamma)]
   isolated.update(chained_verify_s=chain[0], chained_draft_step_s=(chain[1] - chain[0]) / args.gamma,
                   c_chained=(chain[1] - chain[0]) / args.gamma / isolated['target_call_s'])
   print('phases inside the loop ...', flush=True)
   in_loop = profiling.in_loop_costs(target_module, target_params, drafter_module, drafter_params, first,
                                     decoded_l, args.gamma, spec_params, repeats=args.repeats + 2,
-                                    parts=profiling.ALL_PARTS)
+                                    parts=profiling.ALL_PARTS, draft_vocab_ids=draft_vocab_ids)
   print('baseline at call width 2 ...', flush=True)
   wide = models.SpeculativeEncoderDecoderModel(target_module, None, decode_fn=profiling.widened_decode_fn(2))
   wide_predict = wide.compile_predict(decoder_params)

@@ -343,6 +343,7 @@ def compile_decoders(models: ModelPair, vocab, setting: Setting, mesh=None) -> D
   params = {'target': models.target_params, 'drafter': models.drafter_params}
   spec_decoder_params = setting.speculative_params()
   if mesh is None:
+    params = speculative.with_draft_projection(params)
     base_predict = baseline.compile_predict(setting.decoder_params())
     spec_predict = speculative.compile_predict(spec_decoder_params)
   else:
@@ -479,8 +480,10 @@ def _costs(models: ModelPair, data: TaskSplit, setting: Setting, decoders: Decod
            measuring: Measuring) -> Tuple[Dict[str, float], Optional[Dict[int, Dict[str, float]]]]:
   """(call costs, in-loop costs by batch rows): those a resumed run stored, else measured on the first batch."""
   enc0 = batches[0][1]['encoder_input_tokens']
+  ids = models.draft_vocab_ids
   cost_key = (models.target_module, models.drafter_module, id(models.target_params), id(models.drafter_params),
-              enc0.shape, enc0.tobytes(), data.lengths['targets'], setting.gamma)
+              None if ids is None else np.asarray(ids).tobytes(), enc0.shape, enc0.tobytes(),
+              data.lengths['targets'], setting.gamma)
   stored_costs, stored_in_loop = stored_cost_measurements(output_dir, batches[0][0], setting.batch_size)
   if stored_costs is not None:  # a resumed run keeps the costs it measured first, so its columns stay put
     print('  costs (c, call costs, in-loop costs) as measured by the run being resumed (benchmark.json); '
@@ -489,7 +492,8 @@ def _costs(models: ModelPair, data: TaskSplit, setting: Setting, decoders: Decod
   elif cost_key not in _COST_CACHE:  # rows differing only in temperature share the call costs
     _COST_CACHE[cost_key] = profiling.measure_costs(models.target_module, models.target_params,
                                                     models.drafter_module, models.drafter_params, enc0,
-                                                    data.lengths['targets'], setting.gamma)
+                                                    data.lengths['targets'], setting.gamma,
+                                                    draft_vocab_ids=models.draft_vocab_ids)
   costs = stored_costs if stored_costs is not None else _COST_CACHE[cost_key]
   in_loop_by_rows = stored_in_loop  # None unless stored
   if measuring.measure_in_loop and measuring.mesh is None and in_loop_by_rows is None:
@@ -505,7 +509,8 @@ def _in_loop_costs(models: ModelPair, setting: Setting, decoders: Decoders, firs
   return {
       rows: profiling.in_loop_costs(models.target_module, models.target_params, models.drafter_module,
                                     models.drafter_params, {k: v[:rows] for k, v in first.items()}, decoded_l,
-                                    setting.gamma, setting.speculative_params())
+                                    setting.gamma, setting.speculative_params(),
+                                    draft_vocab_ids=models.draft_vocab_ids)
       for rows in batch_shrink.stage_sizes(setting.batch_size)}
 
 

@@ -56,8 +56,14 @@ class FeatureHeadConfig:
     feature_dim: the target's feature width (its emb_dim, E).
     vocab_size: the target's vocabulary size.
     width: the head's own width (its decoder layers' emb_dim).
-    num_layers: decoder layers of the head.
+    num_layers: layers of the head.
     num_heads, head_dim, mlp_dim: of each layer.
+    attention: True: T5 decoder layers (self-attention with a cache,
+      cross-attention to the target's encoder output, MLP). False: residual
+      MLP layers only: the head sees the context through the target's
+      feature alone, keeps no cache, and a draft step is a handful of
+      kernels (the per-step floor of a small drafter on CPU is its kernel
+      count, not its FLOPs).
     relative_attention_num_buckets, relative_attention_max_distance: its
       self-attention's relative position bias.
     dtype: activation dtype.
@@ -69,6 +75,7 @@ class FeatureHeadConfig:
   num_heads: int = 2
   head_dim: int = 64
   mlp_dim: int = 512
+  attention: bool = True
   relative_attention_num_buckets: int = 32
   relative_attention_max_distance: int = 128
   dtype: Any = jnp.float32
@@ -79,6 +86,9 @@ class FeatureHeadConfig:
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
         raise ValueError(f'FeatureHeadConfig.{name} must be a positive integer, got {value!r}.')
+    if not isinstance(self.attention, (bool, np.bool_)):
+      raise ValueError(f'FeatureHeadConfig.attention must be True or False, got '
+                       f'{self.attention!r}.')
     self.layer_config()  # checks the rest
     # Normalised so that 'float32' (a config file) and jnp.float32 compare equal.
     object.__setattr__(self, 'dtype', jnp.dtype(self.dtype))
@@ -136,6 +146,16 @@ def same_round_bt(segment_ids_bt: Optional[Array], length: int, depth: int) -> A
   return ok & (back == segment_ids_bt)
 
 
+class MlpLayer(nn.Module):
+  """A residual pre-norm T5 MLP block: an attention-free head's layer."""
+  config: network.T5Config
+
+  @nn.compact
+  def __call__(self, y: Array) -> Array:
+    normed = network.RmsNorm(self.config.dtype, name='pre_mlp_layer_norm')(y)
+    return y + network.MlpBlock(self.config, name='mlp')(normed, True)
+
+
 class FeatureHead(nn.Module):
   """(f_{p-1}, embedding of x_p) -> predicted f_p, teacher-forced or cached."""
   config: FeatureHeadConfig
@@ -145,8 +165,11 @@ class FeatureHead(nn.Module):
     layer_config = cfg.layer_config()
     self.fuse = network.DenseGeneral(features=(cfg.width,), kernel_axes=('embed', 'mlp'),
                                      dtype=cfg.dtype)
-    self.relpos_bias = network.RelativePositionBias(layer_config, bidirectional=False)
-    self.layers = [network.DecoderLayer(layer_config) for _ in range(cfg.num_layers)]
+    if cfg.attention:
+      self.relpos_bias = network.RelativePositionBias(layer_config, bidirectional=False)
+      self.layers = [network.DecoderLayer(layer_config) for _ in range(cfg.num_layers)]
+    else:
+      self.mlp_layers = [MlpLayer(layer_config) for _ in range(cfg.num_layers)]
     self.head_norm = network.RmsNorm(cfg.dtype)
     self.unfuse = network.DenseGeneral(features=(cfg.feature_dim,),
                                        kernel_axes=('mlp', 'embed'), dtype=cfg.dtype)
@@ -159,9 +182,18 @@ class FeatureHead(nn.Module):
   def _out(self, y: Array) -> Array:
     return self.unfuse(self.head_norm(y))
 
+  def _mlp_only(self, features_bxe: Array, embedded_bxe: Array) -> Array:
+    """An attention-free head: every entry on its own."""
+    y = self._fused(features_bxe, embedded_bxe)
+    for layer in self.mlp_layers:
+      y = layer(y)
+    return self._out(y)
+
   def __call__(self, features_bte: Array, embedded_bte: Array, encoded_bse: Array,
                self_mask: Array, cross_mask: Array) -> Array:
     """Teacher-forced: predicted features [B, T, E] from (f_{t-1}, emb x_t) at every t."""
+    if not self.config.attention:
+      return self._mlp_only(features_bte, embedded_bte)
     y = self._fused(features_bte, embedded_bte)
     positions_1t = jnp.arange(features_bte.shape[1])[None]
     bias = self.relpos_bias(positions_1t, positions_1t)
@@ -182,7 +214,15 @@ class FeatureHead(nn.Module):
     its cache holds when drafting (the depth-s entry at t is its own).
     Positions t < s have no such round; their outputs carry no loss (`losses`).
     Packed rows (`segment_ids_bt`) attend within their example only.
+    An attention-free head reads only the entry before, so depth s is the
+    head applied to depth s-1's predictions shifted by one.
     """
+    if not self.config.attention:
+      outputs, inputs_bte = [], features_bte
+      for _ in range(steps):
+        outputs.append(self._mlp_only(inputs_bte, embedded_bte))
+        inputs_bte = shift_features_right(outputs[-1], segment_ids_bt)
+      return outputs
     length = features_bte.shape[1]
     positions_t = jnp.arange(length)
     bias = self.relpos_bias(positions_t[None], positions_t[None])  # [1, H, T, T]
@@ -233,11 +273,15 @@ class FeatureHead(nn.Module):
   def init_cache(self, encoded_bse: Array, encoder_valid_bs: Array,
                  max_decode_length: int) -> None:
     self.put_variable('cache', 'encoder_mask', encoder_valid_bs)
+    if not self.config.attention:
+      return  # nothing to cache: the mask alone keeps the cache a non-empty tree
     for layer in self.layers:
       layer.init_cache(encoded_bse, max_decode_length)
 
   def decode_step(self, features_bke: Array, embedded_bke: Array, positions_b: Array) -> Array:
     """k entries a row through the cache at positions_b + j: predicted features [B, k, E]."""
+    if not self.config.attention:
+      return self._mlp_only(features_bke, embedded_bke)
     offsets_k = jnp.arange(features_bke.shape[1], dtype=jnp.int32)
     positions_bk = positions_b.astype(jnp.int32)[:, None] + offsets_k[None]
     length = self.layers[0].self_attention.cache_length()
@@ -381,14 +425,17 @@ def widen_logits(logits_bxk: Array, vocab_ids: Array, vocab_size: int) -> Array:
 def decoder_fns(target_module: network.Transformer, target_params: PyTree,
                 head: FeatureHead, head_params: PyTree, encoder_input_tokens: Array,
                 max_decode_length: int, vocab_ids: Optional[Array] = None,
-                constrain_cache: Optional[Callable[[PyTree], PyTree]] = None):
+                constrain_cache: Optional[Callable[[PyTree], PyTree]] = None,
+                projection_ek: Optional[Array] = None):
   """Encodes once; returns (target_cache, target_fn, head_cache, draft_fn).
 
   target_fn(state) -> (logits [B, k, V], features [B, k, E], cache);
   draft_fn(state, features [B, k, E]) -> (logits [B, k, V], predicted
   features [B, k, E], cache): decoding.speculative_sample's feature-drafting
   contract (`draft_reads_features=True`). With `vocab_ids` [K] the head's
-  logits cover those tokens only (-inf elsewhere).
+  logits cover those tokens only (-inf elsewhere); `projection_ek` [E, K] is
+  the target's projection over them if already sliced
+  (`models.SpeculativeEncoderDecoderModel.with_draft_projection`).
   """
   check_target(head.config, target_module.config)
   constrain = constrain_cache or (lambda cache: cache)
@@ -403,8 +450,10 @@ def decoder_fns(target_module: network.Transformer, target_params: PyTree,
   ids = None if vocab_ids is None else jnp.asarray(vocab_ids, jnp.int32)
   # Sliced once per decode, outside the loop: a per-step gather of K columns
   # would cost more than the head's own layers.
-  kernel_ek = None if ids is None else target_module.apply(
-      {'params': target_params}, ids, method=target_module.projection_rows)
+  kernel_ek = None
+  if ids is not None:
+    kernel_ek = projection_ek if projection_ek is not None else target_module.apply(
+        {'params': target_params}, ids, method=target_module.projection_rows)
 
   def target_fn(state: decoding.DecodingState):
     (logits, features), new_vars = target_module.apply(

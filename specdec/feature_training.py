@@ -53,7 +53,7 @@ def head_config(config: train_config.TrainConfig,
   return feature_drafter.FeatureHeadConfig(
       feature_dim=target_config.emb_dim, vocab_size=target_config.vocab_size,
       width=section.width, num_layers=section.num_layers, num_heads=section.num_heads,
-      head_dim=section.head_dim, mlp_dim=section.mlp_dim,
+      head_dim=section.head_dim, mlp_dim=section.mlp_dim, attention=section.attention,
       relative_attention_num_buckets=target_config.relative_attention_num_buckets,
       relative_attention_max_distance=target_config.relative_attention_max_distance)
 

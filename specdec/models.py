@@ -32,6 +32,11 @@ PyTree = Any
 Batch = Mapping[str, jax.Array]
 
 TARGET, DRAFTER = 'target', 'drafter'
+# Optional params entry: the target's output projection over the draft
+# vocabulary [E, K], sliced once (`with_draft_projection`) instead of in every
+# decode, where gathering K strided columns of the [E, V] kernel costs about a
+# target call.
+DRAFT_PROJECTION = 'draft_projection'
 
 
 def _vocab_size(module) -> int:
@@ -189,14 +194,16 @@ class SpeculativeEncoderDecoderModel:
 
   def decoder_fns(self, module, params, encoder_input_tokens, max_decode_length,
                    constrain_cache: Optional[Callable[[PyTree], PyTree]] = None,
-                   vocab_ids: Optional[jax.Array] = None):
+                   vocab_ids: Optional[jax.Array] = None,
+                   projection_ek: Optional[jax.Array] = None):
     """Encodes once and returns (cache, tokens_to_logits) for one network.
 
     `constrain_cache` (e.g. sharding constraints, see sharded_decoding.py) is
     applied to the new cache and to the cache after every decode step, so
     the loop carries it with a fixed layout. With `vocab_ids` [K] (a T5
     network) the logits are computed over those tokens only and are -inf at
-    every other token.
+    every other token; `projection_ek` is then the network's projection over
+    them if already sliced (`with_draft_projection`).
     """
     constrain = constrain_cache or (lambda cache: cache)
     encoded = module.apply({'params': params}, encoder_input_tokens,
@@ -209,8 +216,8 @@ class SpeculativeEncoderDecoderModel:
     if vocab_ids is not None:
       # The projection's K columns, sliced once here rather than every step.
       ids = jnp.asarray(vocab_ids, jnp.int32)
-      extra['projection_ek'] = module.apply({'params': params}, ids,
-                                            method=module.projection_rows)
+      extra['projection_ek'] = projection_ek if projection_ek is not None else module.apply(
+          {'params': params}, ids, method=module.projection_rows)
 
     def tokens_to_logits(state: decoding.DecodingState):
       logits, new_vars = module.apply(
@@ -247,7 +254,8 @@ class SpeculativeEncoderDecoderModel:
 
     Args:
       params: {'target': ..., 'drafter': ...} ('drafter' unused by the
-        baseline decode function).
+        baseline decode function), optionally with the draft vocabulary's
+        projection (`with_draft_projection`).
       batch: seqio EncDecFeatureConverter features; `encoder_input_tokens`
         and `decoder_input_tokens` are used.
       rng: decode PRNG key.
@@ -274,11 +282,13 @@ class SpeculativeEncoderDecoderModel:
               else jnp.zeros_like(decoder_input_tokens))
 
     kind = decoding.kind_of(self.decode_fn)
+    projection_ek = params.get(DRAFT_PROJECTION) if self.draft_vocab_ids is not None else None
     if kind == decoding.SPECULATIVE and self.feature_drafting:
       cache, tokens_to_logits, draft_cache, draft_tokens_to_logits = (
           feature_drafter.decoder_fns(
               self.module, params[TARGET], self.drafter_module, params[DRAFTER],
-              encoder_input_tokens, max_decode_length, self.draft_vocab_ids, constrain_cache))
+              encoder_input_tokens, max_decode_length, self.draft_vocab_ids, constrain_cache,
+              projection_ek=projection_ek))
       decoder_params['draft_reads_features'] = True
     else:
       cache, tokens_to_logits = self.decoder_fns(
@@ -291,7 +301,7 @@ class SpeculativeEncoderDecoderModel:
       if not self.feature_drafting:
         draft_cache, draft_tokens_to_logits = self.decoder_fns(
             self.drafter_module, params[DRAFTER], encoder_input_tokens,
-            max_decode_length, constrain_cache, self.draft_vocab_ids)
+            max_decode_length, constrain_cache, self.draft_vocab_ids, projection_ek)
       kwargs.update(draft_cache=draft_cache,
                     draft_tokens_to_logits=draft_tokens_to_logits)
     else:
@@ -310,6 +320,25 @@ class SpeculativeEncoderDecoderModel:
       decodes = decodes[:, -1]
       aux = jax.tree_util.tree_map(lambda x: x[:, -1], aux)
     return decodes, aux
+
+  def with_draft_projection(self, params: PyTree) -> PyTree:
+    """`params` plus the drafter's output projection over its draft vocabulary, sliced once.
+
+    A drafter with a trimmed vocabulary reads the K columns of an output
+    projection (a T5 drafter's own, a feature head the target's); sliced
+    inside every decode, that strided gather (and the copy to the layout the
+    loop reads) is a per-example cost of about a target call on CPU. Slice it
+    here once for all the decodes these params serve. Without a draft
+    vocabulary, `params` unchanged.
+    """
+    if self.draft_vocab_ids is None:
+      return params
+    source = TARGET if self.feature_drafting else DRAFTER
+    module = self.module if self.feature_drafting else self.drafter_module
+    ids = jnp.asarray(self.draft_vocab_ids, jnp.int32)
+    projection_ek = jax.jit(lambda p: module.apply({'params': p}, ids,
+                                                   method=module.projection_rows))(params[source])
+    return dict(params, **{DRAFT_PROJECTION: projection_ek})
 
   def compile_predict(self, decoder_params: Optional[Mapping[str, Any]] = None,
                       num_decodes: int = 1, return_all_decodes: bool = False,

@@ -79,18 +79,35 @@ def _fresh_cache(module, params, enc: jax.Array, max_decode_length: int):
   return variables.get('cache', {})
 
 
-def _call(module, params, cache, tokens_bk, position):
-  """One `decode_step` at `position` for every row: (new cache, last position's argmax [B])."""
+def _projection(module, params, vocab_ids: Optional[np.ndarray]):
+  """(decode_step kwargs, ids) for a T5 network speaking `vocab_ids` only: its projection's columns, sliced
+  once as a decode slices them (`models.SpeculativeEncoderDecoderModel.decoder_fns`); ({}, None) for all."""
+  if vocab_ids is None:
+    return {}, None
+  ids = jnp.asarray(vocab_ids, jnp.int32)
+  return {'projection_ek': module.apply({'params': params}, ids, method=module.projection_rows)}, ids
+
+
+def _call(module, params, cache, tokens_bk, position, projection=({}, None)):
+  """One `decode_step` at `position` for every row: (new cache, last position's argmax [B]).
+
+  `projection`: `_projection`'s (kwargs, ids) for a trimmed vocabulary, whose logits are widened to the
+  whole vocabulary (-inf elsewhere) before the argmax, as the decode loop reads them.
+  """
   rows = tokens_bk.shape[0]
+  extra, ids = projection
   logits, new_vars = module.apply({'params': params, 'cache': cache}, tokens_bk,
                                   jnp.full((rows,), position, jnp.int32),
-                                  method=module.decode_step, mutable=['cache'])
+                                  method=module.decode_step, mutable=['cache'], **extra)
+  if ids is not None:
+    logits = feature_drafter.widen_logits(logits, ids, module.config.vocab_size)
   return new_vars.get('cache', {}), sampling.argmax(logits[:, -1])
 
 
 def _decode_calls(module, params, encoder_input_tokens: np.ndarray, max_decode_length: int,
-                  num_new_tokens: int, num_calls: int):
-  """(jitted fn, its args): `num_calls` `decode_step` calls of `num_new_tokens` tokens per row in one scan."""
+                  num_new_tokens: int, num_calls: int, vocab_ids: Optional[np.ndarray] = None):
+  """(jitted fn, its args): `num_calls` `decode_step` calls of `num_new_tokens` tokens per row in one scan
+  (over `vocab_ids` only when given)."""
   enc = jnp.asarray(encoder_input_tokens)
   cache0 = _fresh_cache(module, params, enc, max_decode_length)
   rows = enc.shape[0]
@@ -99,23 +116,27 @@ def _decode_calls(module, params, encoder_input_tokens: np.ndarray, max_decode_l
   @jax.jit
   def calls(params, cache):
     # params are arguments, not constants folded into the program: the decode loops get them that way.
+    projection = _projection(module, params, vocab_ids)
+
     def body(cache, i):
       tokens = jnp.full((rows, num_new_tokens), 3, jnp.int32)
-      return _call(module, params, cache, tokens, i % span)
+      return _call(module, params, cache, tokens, i % span, projection)
     return jax.lax.scan(body, cache, jnp.arange(num_calls))
 
   return calls, (params, cache0)
 
 
 def time_decode_calls(module, params, encoder_input_tokens: np.ndarray, max_decode_length: int,
-                      num_new_tokens: int, num_calls: int = 32, repeats: int = 5) -> float:
+                      num_new_tokens: int, num_calls: int = 32, repeats: int = 5,
+                      vocab_ids: Optional[np.ndarray] = None) -> float:
   """Median seconds of one `decode_step` call with `num_new_tokens` tokens per row.
 
   The calls run inside one jitted `lax.scan` (as they do inside the decode loops), at advancing positions
-  of a real encoded input, so dispatch overhead is not counted.
+  of a real encoded input, so dispatch overhead is not counted. `vocab_ids`: a T5 drafter's trimmed
+  vocabulary (its projection sliced once, as a decode does).
   """
   calls, args = _decode_calls(module, params, encoder_input_tokens, max_decode_length, num_new_tokens,
-                              num_calls)
+                              num_calls, vocab_ids)
   return median_seconds(calls, *args, repeats=repeats) / num_calls
 
 
@@ -141,7 +162,8 @@ def verify_cost_curve(module, params, encoder_input_tokens: np.ndarray, max_deco
 
 def time_chained_calls(target_module, target_params, drafter_module, drafter_params,
                        encoder_input_tokens: np.ndarray, max_decode_length: int, num_new_tokens: int,
-                       draft_steps: int, num_calls: int = 32, repeats: int = 5) -> float:
+                       draft_steps: int, num_calls: int = 32, repeats: int = 5,
+                       draft_vocab_ids: Optional[np.ndarray] = None) -> float:
   """Median seconds of one target call of `num_new_tokens` followed by `draft_steps` drafter calls.
 
   Each call is fed the previous call's argmax, a dependency chain as in the decode loop: a drafter call
@@ -149,11 +171,13 @@ def time_chained_calls(target_module, target_params, drafter_module, drafter_par
   streamed through the caches. Independent calls in one program (as `time_decode_calls` times a drafter
   alone) can overlap on a multi-core CPU or run with the drafter's weights hot, so they understate what a
   draft step costs inside the loop: compare (chained(γ) - chained(0)) / γ with the isolated drafter call.
+  `draft_vocab_ids`: the drafter's trimmed vocabulary (its logits over those tokens only, as it decodes).
   """
   enc = jnp.asarray(encoder_input_tokens)
   if isinstance(drafter_module, feature_drafter.FeatureHead):
     return _time_chained_head_calls(target_module, target_params, drafter_module, drafter_params, enc,
-                                    max_decode_length, num_new_tokens, draft_steps, num_calls, repeats)
+                                    max_decode_length, num_new_tokens, draft_steps, num_calls, repeats,
+                                    draft_vocab_ids)
   target_cache0 = _fresh_cache(target_module, target_params, enc, max_decode_length)
   draft_cache0 = _fresh_cache(drafter_module, drafter_params, enc, max_decode_length)
   rows = enc.shape[0]
@@ -161,6 +185,8 @@ def time_chained_calls(target_module, target_params, drafter_module, drafter_par
 
   @jax.jit
   def calls(target_params, drafter_params, target_cache, draft_cache):
+    projection = _projection(drafter_module, drafter_params, draft_vocab_ids)
+
     def body(carry, i):
       target_cache, draft_cache, token_b = carry
       position = i % span
@@ -168,7 +194,7 @@ def time_chained_calls(target_module, target_params, drafter_module, drafter_par
                                     jnp.broadcast_to(token_b[:, None], (rows, num_new_tokens)), position)
       for j in range(draft_steps):
         draft_cache, token_b = _call(drafter_module, drafter_params, draft_cache, token_b[:, None],
-                                     position + num_new_tokens + j)
+                                     position + num_new_tokens + j, projection)
       return (target_cache, draft_cache, token_b), None
     return jax.lax.scan(body, (target_cache, draft_cache, jnp.full((rows,), 3, jnp.int32)),
                         jnp.arange(num_calls))
@@ -178,12 +204,14 @@ def time_chained_calls(target_module, target_params, drafter_module, drafter_par
 
 
 def time_head_calls(target_module, target_params, head, head_params, encoder_input_tokens: np.ndarray,
-                    max_decode_length: int, num_calls: int = 32, repeats: int = 5) -> float:
-  """Median seconds of one 1-entry feature-head call (embedding, head, the target's projection), as a draft
-  step makes it: each call reads the feature the previous one predicted, in one jitted scan."""
+                    max_decode_length: int, num_calls: int = 32, repeats: int = 5,
+                    draft_vocab_ids: Optional[np.ndarray] = None) -> float:
+  """Median seconds of one 1-entry feature-head call (embedding, head, the target's projection, over
+  `draft_vocab_ids` only when given, as the head decodes), as a draft step makes it: each call reads the
+  feature the previous one predicted, in one jitted scan."""
   enc = jnp.asarray(encoder_input_tokens)
   _, _, head_cache0, draft_fn = feature_drafter.decoder_fns(
-      target_module, target_params, head, head_params, enc, max_decode_length)
+      target_module, target_params, head, head_params, enc, max_decode_length, draft_vocab_ids)
   rows = enc.shape[0]
   span = max(max_decode_length - 1, 1)
   feature0 = jnp.zeros((rows, 1, head.config.feature_dim), jnp.float32)
@@ -202,11 +230,12 @@ def time_head_calls(target_module, target_params, head, head_params, encoder_inp
 
 
 def _time_chained_head_calls(target_module, target_params, head, head_params, enc, max_decode_length: int,
-                             num_new_tokens: int, draft_steps: int, num_calls: int, repeats: int) -> float:
+                             num_new_tokens: int, draft_steps: int, num_calls: int, repeats: int,
+                             draft_vocab_ids: Optional[np.ndarray]) -> float:
   """`time_chained_calls` for a feature head: the target's call returns its features, the head's first step
   reads the last of them and each later step its own prediction (as drafting does)."""
   target_cache0, target_fn, head_cache0, draft_fn = feature_drafter.decoder_fns(
-      target_module, target_params, head, head_params, enc, max_decode_length)
+      target_module, target_params, head, head_params, enc, max_decode_length, draft_vocab_ids)
   rows = enc.shape[0]
   span = max(max_decode_length - num_new_tokens - draft_steps, 1)
   sequences = jnp.zeros((rows, 1), jnp.int32)
@@ -233,19 +262,22 @@ def _time_chained_head_calls(target_module, target_params, head, head_params, en
 
 
 def measure_costs(target_module, target_params, drafter_module, drafter_params,
-                  encoder_input_tokens: np.ndarray, max_decode_length: int, gamma: int) -> Dict[str, float]:
+                  encoder_input_tokens: np.ndarray, max_decode_length: int, gamma: int,
+                  draft_vocab_ids: Optional[np.ndarray] = None) -> Dict[str, float]:
   """Target 1-token, target γ+1-token (verify) and drafter 1-token call times; c and the verify ratio.
 
-  A feature head's call is `time_head_calls` (it needs the target's embedding and projection).
+  A feature head's call is `time_head_calls` (it needs the target's embedding and projection; over
+  `draft_vocab_ids` when given).
   """
   t_target = time_decode_calls(target_module, target_params, encoder_input_tokens, max_decode_length, 1)
   t_verify = time_decode_calls(target_module, target_params, encoder_input_tokens, max_decode_length,
                                gamma + 1)
   if isinstance(drafter_module, feature_drafter.FeatureHead):
     t_draft = time_head_calls(target_module, target_params, drafter_module, drafter_params,
-                              encoder_input_tokens, max_decode_length)
+                              encoder_input_tokens, max_decode_length, draft_vocab_ids=draft_vocab_ids)
   else:
-    t_draft = time_decode_calls(drafter_module, drafter_params, encoder_input_tokens, max_decode_length, 1)
+    t_draft = time_decode_calls(drafter_module, drafter_params, encoder_input_tokens, max_decode_length, 1,
+                                vocab_ids=draft_vocab_ids)
   return {'target_call_s': t_target, 'verify_call_s': t_verify, 'draft_call_s': t_draft,
           'c': t_draft / t_target, 'verify_cost_ratio': t_verify / t_target}
 
@@ -255,11 +287,12 @@ def _looped(fn: Callable[[Any], Any], iters: int) -> Callable[[Any], Any]:
   return jax.jit(lambda c: lax.fori_loop(0, iters, lambda _, c: fn(c), c))
 
 
-def _prefilled(module, params, encoder_input_tokens, max_decode_length, prefix_bl):
-  """(cache, tokens_to_logits) with the cache holding `prefix_bl` at positions 0..P-1 (one k-token call)."""
+def _prefilled(module, params, encoder_input_tokens, max_decode_length, prefix_bl, vocab_ids=None):
+  """(cache, tokens_to_logits) with the cache holding `prefix_bl` at positions 0..P-1 (one k-token call);
+  over `vocab_ids` only when given."""
   model = models.SpeculativeEncoderDecoderModel(module, None, decode_fn=decoding.temperature_sample)
   cache, tokens_to_logits = model.decoder_fns(
-      module, params, encoder_input_tokens, max_decode_length)
+      module, params, encoder_input_tokens, max_decode_length, vocab_ids=vocab_ids)
   rows = prefix_bl.shape[0]
   _, cache = tokens_to_logits(decoding.DecodingState(
       cur_index=jnp.zeros((rows,), jnp.int32), sequences=prefix_bl, cur_token=prefix_bl, cache=cache))
@@ -267,16 +300,17 @@ def _prefilled(module, params, encoder_input_tokens, max_decode_length, prefix_b
 
 
 def _prefilled_feature_pair(target_module, target_params, head, head_params, encoder_input_tokens,
-                            max_decode_length, prefix_bl, gamma):
+                            max_decode_length, prefix_bl, gamma, draft_vocab_ids=None):
   """A target and a feature head mid-decode, as the feature loop leaves them after a round that kept no draft.
 
   The target's cache holds `prefix_bl` (positions 0..i, i = P-1), the head's its entries 0..i-1 (true
   features); the kept features are the target's of positions i-1 .. i+γ-1 (zeros past i), so the next
   catch-up rewrites entries i..i+γ. Returns (target_cache, target_fn, head_cache, draft_fn, draft_features [B,
-  γ+1, E], feature_start [B]).
+  γ+1, E], feature_start [B]). `draft_vocab_ids`: the head's trimmed vocabulary, or None.
   """
   target_cache, target_fn, head_cache, draft_fn = feature_drafter.decoder_fns(
-      target_module, target_params, head, head_params, encoder_input_tokens, max_decode_length)
+      target_module, target_params, head, head_params, encoder_input_tokens, max_decode_length,
+      draft_vocab_ids)
   rows, length = prefix_bl.shape
   zeros_b = jnp.zeros((rows,), jnp.int32)
   _, features_bpe, target_cache = target_fn(decoding.DecodingState(
@@ -313,12 +347,14 @@ def time_phases(target_module, target_params, drafter_module, drafter_params,
                 encoder_input_tokens: np.ndarray, decoded_l: np.ndarray, max_decode_length: int,
                 gamma: int, temperature: float = 0.0, topk: int = 0, topp: float = 0.0,
                 draft_confidence: float = 0.0, position: Optional[int] = None,
-                iters: int = 32, repeats: int = 5, parts: Sequence[str] = ALL_PARTS) -> PhaseTimes:
+                iters: int = 32, repeats: int = 5, parts: Sequence[str] = ALL_PARTS,
+                draft_vocab_ids: Optional[np.ndarray] = None) -> PhaseTimes:
   """Times the phases of one speculative round and the baseline's round at `position`.
 
   The state is a real mid-decode one: `decoded_l` (e.g. the baseline's greedy output for this input) is the
   committed prefix, both caches hold it, and each timed round replays the round at `position` (its caches
   carried, so nothing is loop-invariant). `parts` picks what to time (each is one compiled loop).
+  `draft_vocab_ids`: the drafter's trimmed vocabulary (a feature head's or a T5 drafter's), as it decodes.
   """
   unknown = set(parts) - set(ALL_PARTS)
   if unknown:
@@ -336,7 +372,8 @@ def time_phases(target_module, target_params, drafter_module, drafter_params,
   if feature:
     (target_cache, target_fn, draft_cache, draft_tokens_to_logits, kept_features,
      feature_start) = _prefilled_feature_pair(target_module, target_params, drafter_module,
-                                              drafter_params, enc, max_decode_length, prefix_bl, gamma)
+                                              drafter_params, enc, max_decode_length, prefix_bl, gamma,
+                                              draft_vocab_ids)
     feature_state = dict(draft_features=kept_features, feature_start=feature_start)
 
     def tokens_to_logits(state):  # the baseline's call: the same call, features unused
@@ -347,7 +384,8 @@ def time_phases(target_module, target_params, drafter_module, drafter_params,
                                                 prefix_bl)
     target_fn = tokens_to_logits
     draft_cache, draft_tokens_to_logits = _prefilled(drafter_module, drafter_params, enc,
-                                                     max_decode_length, prefix_bl[:, :max(position - 1, 1)])
+                                                     max_decode_length, prefix_bl[:, :max(position - 1, 1)],
+                                                     draft_vocab_ids)
   spec = decoding.LoopSpec(
       gamma=gamma, eos_id=1, tokens_to_logits=target_fn,
       draft_tokens_to_logits=draft_tokens_to_logits, temperature=temperature, topk=topk, topp=topp,
@@ -435,7 +473,8 @@ def time_fixed_costs(target_module, target_params, drafter_module, drafter_param
                      batch: Mapping[str, np.ndarray], repeats: int = 5) -> Dict[str, float]:
   """Seconds of what every example pays once before its decode loop, baseline and speculative: the jitted
   encoder(s) and cache init(s) (`SpeculativeEncoderDecoderModel.decoder_fns`) for the batch, interleaved,
-  the fastest of `repeats` each."""
+  the fastest of `repeats` each. A draft vocabulary's projection is sliced once per run
+  (`models.SpeculativeEncoderDecoderModel.with_draft_projection`), not per example: not counted here."""
   enc = jnp.asarray(batch['encoder_input_tokens'])
   max_decode_length = batch['decoder_input_tokens'].shape[1]
   model = models.SpeculativeEncoderDecoderModel(target_module, None, decode_fn=decoding.temperature_sample)
@@ -512,7 +551,8 @@ def compiled_loop_facts(model: models.SpeculativeEncoderDecoderModel, params, ba
 def in_loop_costs(target_module, target_params, drafter_module, drafter_params,
                   batch: Mapping[str, np.ndarray], decoded_l: np.ndarray, gamma: int,
                   decoder_params: Mapping[str, Any], iters: int = 32, repeats: int = 5,
-                  parts: Sequence[str] = BENCHMARK_PARTS) -> Dict[str, Optional[float]]:
+                  parts: Sequence[str] = BENCHMARK_PARTS,
+                  draft_vocab_ids: Optional[np.ndarray] = None) -> Dict[str, Optional[float]]:
   """The costs a speculative decode pays inside its compiled loop, in baseline-round units.
 
   Returns seconds of each part timed (`time_phases`; `parts` beyond the benchmark's draft / round / baseline
@@ -528,7 +568,7 @@ def in_loop_costs(target_module, target_params, drafter_module, drafter_params,
       batch['decoder_input_tokens'].shape[1], gamma, temperature=decoder_params.get('temperature', 0.0),
       topk=decoder_params.get('topk', 0), topp=decoder_params.get('topp', 0.0),
       draft_confidence=decoder_params.get('draft_confidence', 0.0), iters=iters, repeats=repeats,
-      parts=tuple(dict.fromkeys(tuple(parts) + BENCHMARK_PARTS)))
+      parts=tuple(dict.fromkeys(tuple(parts) + BENCHMARK_PARTS)), draft_vocab_ids=draft_vocab_ids)
   fixed = time_fixed_costs(target_module, target_params, drafter_module, drafter_params, batch,
                            repeats=repeats)
   base = phases.baseline_round

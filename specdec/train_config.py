@@ -130,7 +130,8 @@ class FeatureHeadTrainConfig:
   With `target_dir` (a compact T5 model) the run trains a head that drafts
   from that target's features, instead of a T5 network: `network_config` is
   then the target's (read from target_dir; what gin binds is not used).
-  Head sizes: `width`, `num_layers`, `num_heads`, `head_dim`, `mlp_dim`.
+  Head sizes: `width`, `num_layers`, `num_heads`, `head_dim`, `mlp_dim`;
+  `attention` False for an attention-free head (residual MLP layers).
   Loss per depth: `feature_weight` SmoothL1 + `ce_weight` CE, over
   `unroll_steps` depths weighted `step_decay`**s (1: EAGLE; > 1: EAGLE-3's
   training-time test). `draft_vocab_file`: a JSON list of token ids, the
@@ -145,6 +146,7 @@ class FeatureHeadTrainConfig:
   num_heads: int = 2
   head_dim: int = 64
   mlp_dim: int = 512
+  attention: bool = True
   ce_weight: float = 0.1
   feature_weight: float = 1.0
   unroll_steps: int = 1

@@ -165,6 +165,10 @@ class TestContractErrors:
     with pytest.raises(ValueError, match=f'FeatureHeadConfig.{field}'):
       fd.FeatureHeadConfig(**kwargs)
 
+  def test_attention_must_be_a_bool(self):
+    with pytest.raises(ValueError, match='FeatureHeadConfig.attention'):
+      fd.FeatureHeadConfig(feature_dim=16, vocab_size=64, attention='no')
+
 
 # -----------------------------------------------------------------------------
 # Trimmed vocabularies: q = 0 outside K, still exact.
@@ -203,14 +207,17 @@ TARGET = network.T5Config(vocab_size=64, emb_dim=16, num_heads=2, head_dim=8,
 HEAD = fd.FeatureHeadConfig(feature_dim=16, vocab_size=64, width=12, num_layers=2, num_heads=2,
                             head_dim=6, mlp_dim=24, relative_attention_num_buckets=8,
                             relative_attention_max_distance=16)
+# An attention-free head: the same tests hold for it (no cache to roll back).
+MLP_HEAD = fd.FeatureHeadConfig(feature_dim=16, vocab_size=64, width=12, num_layers=2,
+                                mlp_dim=24, attention=False)
 
 
-@pytest.fixture(scope='module')
-def nets():
+@pytest.fixture(scope='module', params=[HEAD, MLP_HEAD], ids=['attention', 'mlp'])
+def nets(request):
   target = network.Transformer(TARGET)
   target_params = network.init_params(TARGET, jax.random.PRNGKey(0))
-  head = fd.FeatureHead(HEAD)
-  head_params = fd.init_params(HEAD, jax.random.PRNGKey(1))
+  head = fd.FeatureHead(request.param)
+  head_params = fd.init_params(request.param, jax.random.PRNGKey(1))
   return target, target_params, head, head_params
 
 
@@ -305,10 +312,11 @@ class TestHead:
                             method=target.embed)
     return batch_, encoded, features, embedded
 
-  def _tolerance(self, reference, length, input_len):
+  def _tolerance(self, nets, reference, length, input_len):
+    head = nets[2].config
     scale = float(np.abs(np.asarray(reference)).max())
-    return _sum_terms_bound(length, input_len, 2 * HEAD.feature_dim, HEAD.width, HEAD.mlp_dim,
-                            HEAD.num_heads * HEAD.head_dim) * scale * HEAD.num_layers
+    return _sum_terms_bound(length, input_len, 2 * head.feature_dim, head.width, head.mlp_dim,
+                            head.num_heads * head.head_dim) * scale * head.num_layers
 
   def test_cached_chain_equals_the_unrolled_depths(self, nets):
     """Depth s of `unrolled` at position t is the (s+1)-th draft of a round that began at t-s."""
@@ -325,7 +333,7 @@ class TestHead:
     step = jax.jit(lambda c, f, e, i: head.apply({'params': head_params, 'cache': c}, f, e, i,
                                                  method=head.decode_step, mutable=['cache']))
     shifted = fd.shift_features_right(features)
-    tol = self._tolerance(depths[0], length, enc.shape[1])
+    tol = self._tolerance(nets, depths[0], length, enc.shape[1])
     # Depth 0: the teacher-forced head, as one k-entry cached call.
     out0, _ = step(v['cache'], shifted, embedded, jnp.zeros((2,), jnp.int32))
     np.testing.assert_allclose(out0, depths[0], rtol=0, atol=tol)
@@ -355,7 +363,7 @@ class TestHead:
     (depth0,) = head.apply({'params': head_params}, shifted, embedded, encoded, valid, cross, 1,
                            method=head.unrolled)
     np.testing.assert_allclose(full, depth0, rtol=0,
-                               atol=self._tolerance(full, valid.shape[1], cross.shape[-1]))
+                               atol=self._tolerance(nets, full, valid.shape[1], cross.shape[-1]))
 
   def test_losses_train_the_head_only(self, nets):
     target, target_params, head, head_params = nets
@@ -381,8 +389,31 @@ class TestHead:
     assert float(full['agree']) == float(same['agree'])
     np.testing.assert_allclose(float(full['ce']), float(same['ce']), rtol=1e-5)
 
+  def test_attention_free_head_reads_one_entry(self):
+    """Without attention, entry t depends on (f_{t-1}, x_t) alone: earlier entries change nothing."""
+    head = fd.FeatureHead(MLP_HEAD)
+    params = fd.init_params(MLP_HEAD, jax.random.PRNGKey(4))
+    rng = np.random.RandomState(6)
+    features = jnp.asarray(rng.randn(1, 5, 16), jnp.float32)
+    embedded = jnp.asarray(rng.randn(1, 5, 16), jnp.float32)
+    _, v = head.apply({'params': params}, jnp.zeros((1, 3, 16)), jnp.ones((1, 3), bool), 5,
+                      method=head.init_cache, mutable=['cache'])
+    step = lambda f, e, i: head.apply({'params': params, 'cache': v['cache']}, f, e,
+                                      jnp.full((1,), i, jnp.int32), method=head.decode_step,
+                                      mutable=['cache'])[0]
+    whole = step(features, embedded, 0)
+    changed = step(features.at[:, :4].set(0.0), embedded.at[:, :4].set(1.0), 0)
+    # Other call shapes may block the same sums differently: float32 reordering bounds.
+    tol = _sum_terms_bound(2 * MLP_HEAD.feature_dim, MLP_HEAD.width, MLP_HEAD.mlp_dim) * float(
+        np.abs(np.asarray(whole)).max()) * MLP_HEAD.num_layers
+    np.testing.assert_allclose(whole[:, 4], changed[:, 4], rtol=0, atol=tol)
+    assert np.abs(np.asarray(whole[:, 3] - changed[:, 3])).max() > 100 * tol
+    np.testing.assert_allclose(whole[:, 4:], step(features[:, 4:], embedded[:, 4:], 4), rtol=0,
+                               atol=tol)
+    assert set(v['cache']) == {'encoder_mask'}  # nothing else to roll back
+
   def test_param_axes_cover_every_param(self, nets):
-    axes = fd.param_logical_axes(HEAD)
+    axes = fd.param_logical_axes(nets[2].config)
     params = nets[3]
     assert (jax.tree_util.tree_structure(axes, is_leaf=lambda x: x is None or hasattr(x, 'index'))
             is not None)

@@ -346,6 +346,42 @@ class TestFeatureHeadAndTrimmedDrafts:
         params, batch)
     np.testing.assert_array_equal(spec, base)
 
+  @pytest.mark.parametrize('head', [False, True])
+  def test_draft_projection_sliced_once(self, params, head):
+    """Params carrying the sliced projection decode as slicing in the decode does, and it is what is read."""
+    ids = np.arange(1, VOCAB, 3)
+    if head:
+      model = self._feature_model(draft_vocab_ids=ids)
+      params = {'target': params['target'],
+                'drafter': model.get_initial_params(jax.random.PRNGKey(4))['drafter']}
+    else:
+      model = models.SpeculativeEncoderDecoderModel(
+          network.Transformer(TARGET_CFG), network.Transformer(DRAFTER_CFG), draft_vocab_ids=ids)
+    prepared = model.with_draft_projection(params)
+    width = TARGET_CFG.emb_dim if head else DRAFTER_CFG.emb_dim  # whose projection the drafts read
+    assert prepared[models.DRAFT_PROJECTION].shape == (width, len(ids))
+    assert set(prepared) == set(params) | {models.DRAFT_PROJECTION}
+    batch = _batch(seed=23)
+    for settings, rng in (({'temperature': 0.0}, None), ({'temperature': 1.0, 'topk': 0}, 5)):
+      predict = model.compile_predict(dict(settings, gamma=2, return_stats=True))
+      key = None if rng is None else jax.random.PRNGKey(rng)
+      want, want_aux = predict(params, batch, key)
+      got, got_aux = predict(prepared, batch, key)
+      np.testing.assert_array_equal(got, want)
+      for name in ('accepted', 'judged'):
+        np.testing.assert_array_equal(got_aux['stats'][name], want_aux['stats'][name])
+    # A zero projection (every draft logit 0: the first draft-vocabulary token drafted) is read:
+    # the drafts change, the greedy output does not.
+    zeroed = dict(prepared, **{models.DRAFT_PROJECTION: jnp.zeros_like(prepared[models.DRAFT_PROJECTION])})
+    predict = model.compile_predict({'temperature': 0.0, 'gamma': 2, 'return_stats': True})
+    want, want_aux = predict(params, batch)
+    got, got_aux = predict(zeroed, batch)
+    np.testing.assert_array_equal(got, want)
+    assert not np.array_equal(got_aux['stats']['accepted'], want_aux['stats']['accepted'])
+
+  def test_no_draft_projection_without_a_draft_vocabulary(self, spec_model, params):
+    assert spec_model.with_draft_projection(params) is params
+
   @pytest.mark.parametrize('ids, message', [
       ([3, 2], 'sorted and unique'), ([0, VOCAB], 'outside'), ([], 'non-empty'),
       ([[1, 2]], 'non-empty 1-D')])

@@ -345,3 +345,55 @@ def test_prefilled_feature_pair_is_the_loops_state(pair):
   # The same entries in another order of float32 sums (one k-token call vs two): a few ulps of the logits.
   np.testing.assert_allclose(got[:, 0], want[:, 3], rtol=0,
                              atol=64 * np.finfo(np.float32).eps * float(np.abs(want).max()))
+
+
+def test_trimmed_calls_read_the_drafters_vocabulary(pair):
+  """With draft vocabulary ids, a timed call's argmax is the best of those tokens, as the loop's would be."""
+  (module, params), _ = pair
+  ids = np.arange(0, 64, 3)
+  enc = jnp.asarray(_batch()['encoder_input_tokens'])
+  cache = profiling._fresh_cache(module, params, enc, 8)  # pylint: disable=protected-access
+  tokens = jnp.asarray([[7, 11]], jnp.int32)
+  full, _ = module.apply({'params': params, 'cache': cache}, tokens, jnp.zeros((1,), jnp.int32),
+                         method=module.decode_step, mutable=['cache'])
+  _, token = profiling._call(module, params, cache, tokens, 0,  # pylint: disable=protected-access
+                             profiling._projection(module, params, ids))  # pylint: disable=protected-access
+  token = int(token[0])
+  last = np.asarray(full[0, -1])
+  assert token in ids
+  # The sliced projection sums the same products in possibly another order: a few ulps of the logits.
+  assert last[token] >= last[ids].max() - 64 * np.finfo(np.float32).eps * np.abs(last).max()
+  _, untrimmed = profiling._call(module, params, cache, tokens, 0)  # pylint: disable=protected-access
+  assert int(untrimmed[0]) == int(np.argmax(last))
+
+
+@pytest.mark.parametrize('head', [False, True])
+def test_costs_with_a_draft_vocabulary(pair, head):
+  (tm, tp), (dm, dp) = pair
+  if head:
+    dm, dp = _tiny_head(tm)
+  ids = np.arange(0, 64, 2)
+  enc = _batch()['encoder_input_tokens']
+  costs = profiling.measure_costs(tm, tp, dm, dp, enc, 10, 2, draft_vocab_ids=ids)
+  assert costs['draft_call_s'] > 0 and math.isfinite(costs['c'])
+  t = profiling.time_chained_calls(tm, tp, dm, dp, enc, 10, 3, 2, num_calls=4, repeats=1, draft_vocab_ids=ids)
+  assert math.isfinite(t) and t > 0
+  params = {'temperature': 0.0, 'topk': 0, 'topp': 0.0, 'gamma': 2, 'return_stats': True}
+  c = profiling.in_loop_costs(tm, tp, dm, dp, _batch(), np.asarray([5, 9, 12, 7, 1, 0, 0, 0, 0, 0], np.int32),
+                              2, params, iters=4, repeats=2, draft_vocab_ids=ids)
+  assert c['draft_s'] > 0 and c['c_in_loop'] > 0
+
+
+def test_prefilled_feature_pair_speaks_the_draft_vocabulary(pair):
+  (tm, tp), _ = pair
+  head, hp = _tiny_head(tm)
+  ids = np.arange(1, 64, 4)
+  prefix = jnp.asarray([[0, 5, 9, 12]], jnp.int32)
+  _, _, head_cache, draft_fn, kept, start = profiling._prefilled_feature_pair(  # pylint: disable=protected-access
+      tm, tp, head, hp, jnp.asarray(_batch()['encoder_input_tokens']), 10, prefix, 2, draft_vocab_ids=ids)
+  window = jnp.pad(prefix, ((0, 0), (0, 4)))[:, 3:6]
+  logits, _, _ = draft_fn(decoding.DecodingState(cur_index=start + 1, sequences=prefix, cur_token=window,
+                                                 cache=head_cache), kept)
+  outside = np.setdiff1d(np.arange(64), ids)
+  assert np.all(np.isneginf(np.asarray(logits)[..., outside]))
+  assert np.all(np.isfinite(np.asarray(logits)[..., ids]))
