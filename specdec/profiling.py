@@ -79,23 +79,28 @@ def _fresh_cache(module, params, enc: jax.Array, max_decode_length: int):
   return variables.get('cache', {})
 
 
-def _projection(module, params, vocab_ids: Optional[np.ndarray]):
-  """(decode_step kwargs, ids) for a T5 network speaking `vocab_ids` only: its projection's columns, sliced
-  once as a decode slices them (`models.SpeculativeEncoderDecoderModel.decoder_fns`); ({}, None) for all."""
+def _projection(module, params, vocab_ids: Optional[np.ndarray]
+                ) -> Tuple[Optional[jax.Array], Optional[jax.Array]]:
+  """(projection [E, K], ids [K]) of a T5 network speaking `vocab_ids` only, or (None, None) for all.
+
+  Sliced here, outside the timed programs, as decodes get it sliced once per run
+  (`models.SpeculativeEncoderDecoderModel.with_draft_projection`): a slice inside a timed scan would add its
+  cost to every call it times.
+  """
   if vocab_ids is None:
-    return {}, None
+    return None, None
   ids = jnp.asarray(vocab_ids, jnp.int32)
-  return {'projection_ek': module.apply({'params': params}, ids, method=module.projection_rows)}, ids
+  return jax.jit(lambda p: module.apply({'params': p}, ids, method=module.projection_rows))(params), ids
 
 
-def _call(module, params, cache, tokens_bk, position, projection=({}, None)):
+def _call(module, params, cache, tokens_bk, position, projection_ek=None, ids=None):
   """One `decode_step` at `position` for every row: (new cache, last position's argmax [B]).
 
-  `projection`: `_projection`'s (kwargs, ids) for a trimmed vocabulary, whose logits are widened to the
-  whole vocabulary (-inf elsewhere) before the argmax, as the decode loop reads them.
+  With `_projection`'s (projection_ek, ids) the logits cover those tokens only and are widened to the whole
+  vocabulary (-inf elsewhere) before the argmax, as the decode loop reads them.
   """
   rows = tokens_bk.shape[0]
-  extra, ids = projection
+  extra = {} if projection_ek is None else {'projection_ek': projection_ek}
   logits, new_vars = module.apply({'params': params, 'cache': cache}, tokens_bk,
                                   jnp.full((rows,), position, jnp.int32),
                                   method=module.decode_step, mutable=['cache'], **extra)
@@ -112,18 +117,17 @@ def _decode_calls(module, params, encoder_input_tokens: np.ndarray, max_decode_l
   cache0 = _fresh_cache(module, params, enc, max_decode_length)
   rows = enc.shape[0]
   span = max(max_decode_length - num_new_tokens, 1)
+  projection_ek, ids = _projection(module, params, vocab_ids)
 
   @jax.jit
-  def calls(params, cache):
+  def calls(params, cache, projection_ek):
     # params are arguments, not constants folded into the program: the decode loops get them that way.
-    projection = _projection(module, params, vocab_ids)
-
     def body(cache, i):
       tokens = jnp.full((rows, num_new_tokens), 3, jnp.int32)
-      return _call(module, params, cache, tokens, i % span, projection)
+      return _call(module, params, cache, tokens, i % span, projection_ek, ids)
     return jax.lax.scan(body, cache, jnp.arange(num_calls))
 
-  return calls, (params, cache0)
+  return calls, (params, cache0, projection_ek)
 
 
 def time_decode_calls(module, params, encoder_input_tokens: np.ndarray, max_decode_length: int,
@@ -182,11 +186,10 @@ def time_chained_calls(target_module, target_params, drafter_module, drafter_par
   draft_cache0 = _fresh_cache(drafter_module, drafter_params, enc, max_decode_length)
   rows = enc.shape[0]
   span = max(max_decode_length - num_new_tokens - draft_steps, 1)
+  projection_ek, ids = _projection(drafter_module, drafter_params, draft_vocab_ids)
 
   @jax.jit
-  def calls(target_params, drafter_params, target_cache, draft_cache):
-    projection = _projection(drafter_module, drafter_params, draft_vocab_ids)
-
+  def calls(target_params, drafter_params, target_cache, draft_cache, projection_ek):
     def body(carry, i):
       target_cache, draft_cache, token_b = carry
       position = i % span
@@ -194,12 +197,12 @@ def time_chained_calls(target_module, target_params, drafter_module, drafter_par
                                     jnp.broadcast_to(token_b[:, None], (rows, num_new_tokens)), position)
       for j in range(draft_steps):
         draft_cache, token_b = _call(drafter_module, drafter_params, draft_cache, token_b[:, None],
-                                     position + num_new_tokens + j, projection)
+                                     position + num_new_tokens + j, projection_ek, ids)
       return (target_cache, draft_cache, token_b), None
     return jax.lax.scan(body, (target_cache, draft_cache, jnp.full((rows,), 3, jnp.int32)),
                         jnp.arange(num_calls))
 
-  return median_seconds(calls, target_params, drafter_params, target_cache0, draft_cache0,
+  return median_seconds(calls, target_params, drafter_params, target_cache0, draft_cache0, projection_ek,
                         repeats=repeats) / num_calls
 
 

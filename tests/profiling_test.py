@@ -357,7 +357,7 @@ def test_trimmed_calls_read_the_drafters_vocabulary(pair):
   full, _ = module.apply({'params': params, 'cache': cache}, tokens, jnp.zeros((1,), jnp.int32),
                          method=module.decode_step, mutable=['cache'])
   _, token = profiling._call(module, params, cache, tokens, 0,  # pylint: disable=protected-access
-                             profiling._projection(module, params, ids))  # pylint: disable=protected-access
+                             *profiling._projection(module, params, ids))  # pylint: disable=protected-access
   token = int(token[0])
   last = np.asarray(full[0, -1])
   assert token in ids
