@@ -517,11 +517,24 @@ def _computations(hlo_text: str) -> Dict[str, str]:
   return out
 
 
-def loop_body_ops(hlo_text: str) -> Dict[str, Dict[str, int]]:
+def loop_body_ops(hlo_text: str, skip_scatter_loops: bool = False) -> Dict[str, Dict[str, int]]:
   """Per `while` loop of a compiled module: instruction counts by opcode in its body (nested calls and
-  fusion bodies not expanded: each fusion is one kernel), largest body first."""
+  fusion bodies not expanded: each fusion is one kernel), largest body first.
+
+  `skip_scatter_loops` leaves out the loops XLA made of a single scatter (its op_name ends in `/scatter`): a
+  backend without a native scatter kernel for it (e.g. XLA:CPU with its older elementwise code generator)
+  expands each scatter into a loop that the program did not write.
+  """
   comps = _computations(hlo_text)
-  bodies = re.findall(r'while\(.*?body=%?([\w.\-]+)', hlo_text)
+  bodies = []
+  for line in hlo_text.splitlines():
+    found = re.search(r'\bwhile\(.*?body=%?([\w.\-]+)', line)
+    if found is None:
+      continue
+    op_name = re.search(r'op_name="([^"]*)"', line)
+    if skip_scatter_loops and op_name is not None and op_name.group(1).endswith('/scatter'):
+      continue
+    bodies.append(found.group(1))
   out = {}
   for body in dict.fromkeys(bodies):
     ops = collections.Counter(_INSTRUCTION.findall(comps.get(body, '')))
@@ -542,11 +555,13 @@ def hlo_summary(ops: Mapping[str, int]) -> Dict[str, int]:
 
 def compiled_loop_facts(model: models.SpeculativeEncoderDecoderModel, params, batch,
                         decoder_params: Mapping[str, Any]) -> Dict[str, Dict[str, int]]:
-  """`hlo_summary` of every while loop in the compiled predict function, largest first."""
+  """`hlo_summary` of every while loop the predict function's program has (`loop_body_ops`, scatter
+  expansions left out), largest first."""
   fn = jax.jit(lambda p, b: model.predict_batch_with_aux(p, b, decoder_params=dict(decoder_params)))
   text = fn.lower(params, {k: batch[k] for k in ('encoder_input_tokens', 'decoder_input_tokens')}
                   ).compile().as_text()
-  return {name: hlo_summary(ops) for name, ops in loop_body_ops(text).items()}
+  return {name: hlo_summary(ops)
+          for name, ops in loop_body_ops(text, skip_scatter_loops=True).items()}
 
 
 

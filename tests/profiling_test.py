@@ -165,6 +165,15 @@ def test_loop_body_ops_parses_hlo_text():
   assert summary['copy'] == 1 and summary['dot/custom-call'] == 1
 
 
+def test_loop_body_ops_can_leave_out_scatter_expansions():
+  expanded = HLO.replace('body=%body.1', 'body=%body.1, metadata={op_name="jit(f)/while/body/scatter"}')
+  assert list(profiling.loop_body_ops(expanded)) == ['body.1']
+  assert profiling.loop_body_ops(expanded, skip_scatter_loops=True) == {}
+  assert list(profiling.loop_body_ops(HLO, skip_scatter_loops=True)) == ['body.1']
+  written = HLO.replace('body=%body.1', 'body=%body.1, metadata={op_name="jit(f)/while"}')
+  assert list(profiling.loop_body_ops(written, skip_scatter_loops=True)) == ['body.1']
+
+
 def test_compiled_loop_facts_sees_the_decode_loops(pair):
   (tm, tp), (dm, dp) = pair
   batch = _batch()
