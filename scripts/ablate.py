@@ -113,6 +113,7 @@ def _header(args, title):
   machine = reporting.machine_info()
   return (f'# {title}\n\n`{" ".join(["python"] + sys.argv)}` · {datetime.date.today().isoformat()} · '
           f'{machine["processor"]}, {machine["cpu_count"]} CPUs, jax {machine["jax"]}'
+          f'{reporting.xla_flags_note(machine)}'
           f' · first {args.max_examples} test examples per task, batch 1, {args.repeats} timed repeat(s) per '
           'example (median), compile excluded'
           + (f' · adaptive drafting: draft confidence {args.draft_confidence:g}' if args.draft_confidence else '')

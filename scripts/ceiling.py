@@ -95,7 +95,7 @@ def main(argv=None):
                                  ['scripts/ceiling.py'] + list(argv))
   rep.update(command=command, machine=machine, task=TASKS[args.task], models=args.models)
   header = (f"`{command}` · {rep['date']} · {machine['processor']}, {machine['cpu_count']} CPUs, jax "
-            f"{machine['jax']} · target {os.path.join(args.models, 'target')} · first {args.examples} "
+            f"{machine['jax']}{reporting.xla_flags_note(machine)} · target {os.path.join(args.models, 'target')} · first {args.examples} "
             f"{TASKS[args.task]} test examples, greedy")
   os.makedirs(args.out, exist_ok=True)
   fileio.atomic_write(os.path.join(args.out, 'ceiling.json'), json.dumps(rep, indent=2, sort_keys=True).encode())

@@ -145,7 +145,7 @@ def markdown(report: dict) -> str:
   token_s = report['baseline_token_s']
   lines = [f"# Drafters side by side: {report['task']}, temperature {report['temperature']}", '',
            f"`{report['command']}` · {report['date']} · {report['machine']['processor']}, {report['machine']['cpu_count']} CPUs, jax "
-           f"{report['machine']['jax']} · first "
+           f"{report['machine']['jax']}{reporting.xla_flags_note(report['machine'])} · first "
            f"{report['examples']} test examples, batch {batch}, interleaved, fastest of {report['repeats']} per "
            'batch', '',
            f"Baseline: {1000 * report['baseline_seconds']:.1f} ms in all"

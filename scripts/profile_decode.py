@@ -153,7 +153,7 @@ def markdown(p: dict) -> str:
   lines = [
       f"# Profile: {p['run']}", '',
       f"`{p['command']}` · {p['date']} · {p['machine']['processor']}, {p['machine']['cpu_count']} CPUs, "
-      f"jax {p['machine']['jax']} ({p['machine']['backend']})", '',
+      f"jax {p['machine']['jax']} ({p['machine']['backend']}){reporting.xla_flags_note(p['machine'])}", '',
       f"Target `{p['target']}`, drafter `{p['drafter']}`, {p['task']}, γ = {p['gamma']}, temperature "
       f"{p['temperature']:g}, draft confidence {p['draft_confidence']:g}, batch {p['batch_size']}, "
       f"{p['examples']} examples.", '',

@@ -77,10 +77,18 @@ def run_command(argv: Optional[Sequence[str]] = None) -> str:
 
 
 def machine_info() -> Dict[str, Any]:
-  """The platform, processor, CPU count, Python and jax versions, backend and devices of this process."""
+  """The platform, processor, CPU count, Python and jax versions, backend and devices of this process, and
+  the XLA_FLAGS it runs under (they change which kernels XLA emits, and so the speed)."""
   return {'platform': platform.platform(), 'processor': platform.processor() or platform.machine(),
           'cpu_count': os.cpu_count(), 'python': platform.python_version(), 'jax': jax.__version__,
-          'backend': jax.default_backend(), 'devices': [str(d) for d in jax.devices()]}
+          'backend': jax.default_backend(), 'devices': [str(d) for d in jax.devices()],
+          'xla_flags': os.environ.get('XLA_FLAGS', '')}
+
+
+def xla_flags_note(machine: Mapping[str, Any]) -> str:
+  """' · XLA_FLAGS `...`' for a report's header line when the run set any, else ''."""
+  flags = machine.get('xla_flags', '')
+  return f' · XLA_FLAGS `{flags}`' if flags else ''
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -212,7 +220,7 @@ def benchmark_markdown(summary: Mapping[str, Any]) -> str:
       f"temperature {setting['temperature']:g}, batch {setting['batch_size']}",
       '',
       f"{s['date']} · {s['machine']['processor']}, {s['machine']['cpu_count']} CPUs · "
-      f"jax {s['machine']['jax']} ({s['machine']['backend']}) · `{s['command']}`",
+      f"jax {s['machine']['jax']} ({s['machine']['backend']}){xla_flags_note(s['machine'])} · `{s['command']}`",
       '',
       '| quantity | value |', '|---|---|',
       f"| examples | {s['examples']} |",

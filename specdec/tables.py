@@ -82,7 +82,8 @@ def table2_markdown(summaries: Sequence[Mapping[str, Any]], title: str = 'Table 
                 'row); both loops shrink their batch as rows end (`batch_shrink`), and "predicted (in loop)" '
                 'adds up each stage of the shrinking loops at the in-loop costs measured at its batch size.']
     lines += ['', f"Machine: {s['machine']['processor']}, {s['machine']['cpu_count']} CPUs, jax "
-              f"{s['machine']['jax']} ({s['machine']['backend']}); {s['date']}; batch "
+              f"{s['machine']['jax']} ({s['machine']['backend']}){reporting.xla_flags_note(s['machine'])}; "
+              f"{s['date']}; batch "
               f"{' and '.join(map(str, batches))}, {s['setting']['repeats']} timed repeats per example (median)."]
   return '\n'.join(lines) + '\n'
 

@@ -209,3 +209,17 @@ def test_benchmark_csv():
 def test_machine_info_names_the_backend():
   info = reporting.machine_info()
   assert info['cpu_count'] == os.cpu_count() and info['backend'] and info['devices']
+
+
+def test_machine_info_keeps_the_xla_flags_and_headers_name_them(monkeypatch):
+  monkeypatch.setenv('XLA_FLAGS', '--xla_cpu_multi_thread_eigen=false')
+  info = reporting.machine_info()
+  assert info['xla_flags'] == '--xla_cpu_multi_thread_eigen=false'
+  assert reporting.xla_flags_note(info) == ' · XLA_FLAGS `--xla_cpu_multi_thread_eigen=false`'
+  assert reporting.xla_flags_note({**info, 'xla_flags': ''}) == ''
+  assert reporting.xla_flags_note({'processor': 'x86_64'}) == ''  # records written before the field existed
+  summary = hand.full_summary(hand.records())
+  assert summary['machine']['xla_flags'] == '--xla_cpu_multi_thread_eigen=false'
+  assert 'XLA_FLAGS `--xla_cpu_multi_thread_eigen=false`' in reporting.benchmark_markdown(summary)
+  summary['machine'] = {**info, 'xla_flags': ''}
+  assert 'XLA_FLAGS' not in reporting.benchmark_markdown(summary)
