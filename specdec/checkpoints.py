@@ -168,12 +168,16 @@ def check_param_shapes(params: PyTree, expected: PyTree, where: str) -> None:
                      + (f' (and {len(problems) - 10} more)' if len(problems) > 10 else ''))
 
 
-def training_checkpoint_manager(directory: str, max_to_keep: int = 2
+def training_checkpoint_manager(directory: str, max_to_keep: int = 2, enable_async: bool = True
                                 ) -> ocp.CheckpointManager:
-  """An Orbax manager for {'step', 'params', 'opt_state'} training states."""
+  """An Orbax manager for {'step', 'params', 'opt_state'} training states.
+
+  With `enable_async` (the default) a save finishes in a background thread while training goes on.
+  """
   return ocp.CheckpointManager(
       fileio.abspath(directory),  # gs:// as it is: Orbax writes there itself
-      options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True))
+      options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
+                                           enable_async_checkpointing=enable_async))
 
 
 # -----------------------------------------------------------------------------

@@ -697,3 +697,19 @@ def test_sharded_restore_on_a_mesh(tmp_path):
                           check=False)
   assert result.returncode == 0, result.stderr[-3000:]
   assert 'SHARDED OK' in result.stdout
+
+
+def test_training_manager_saves_synchronously_when_asked(tmp_path):
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  state = {'step': np.asarray(1), 'params': {'w': np.ones((2,), np.float32)}, 'opt_state': {}}
+  for enable_async in (True, False):
+    manager = checkpoints.training_checkpoint_manager(str(tmp_path / str(enable_async)),
+                                                      enable_async=enable_async)
+    manager.save(1, args=ocp.args.StandardSave(state))
+    if not enable_async:
+      # Nothing left in the background: the step is final as save returns.
+      assert os.path.isdir(tmp_path / 'False' / '1')
+      assert not any(p.name.endswith('-tmp') for p in (tmp_path / 'False').iterdir())
+    manager.wait_until_finished()
+    assert manager.all_steps() == [1]
+    manager.close()

@@ -143,6 +143,11 @@ def _case_rehearsal(root):
   with tfds.testing.mock_data(num_examples=MOCK_EXAMPLES), \
       pytest.MonkeyPatch.context() as mp:
     mp.setattr(checkpoints, 'restore_params', spy)
+    # tfds's mock swaps the process's file functions for ones rooted in its temp dir while it builds a
+    # dataset (evaluation does, right after a save): a save finishing in the background then would write
+    # there and fail. Saves finish before training goes on here.
+    mp.setattr(checkpoints, 'training_checkpoint_manager',
+               functools.partial(checkpoints.training_checkpoint_manager, enable_async=False))
     finetuned = {}
     for name, config in (('target', TARGET_CFG), ('small', DRAFTER_CFG)):
       finetuned[name] = _finetune(root, name, config, pretrained[name])
