@@ -32,6 +32,17 @@ are done they are joined into `<task>/train.jsonl` (written atomically; the
 shards are then removed). A finished task (its train.jsonl) is skipped.
 Batches, their PRNG keys and so the decodes are those of an unsharded run
 with the same `--batch_size`.
+
+`--extend DIR` grows a finished corpus without decoding its inputs again: DIR
+must have been built by this script from the same model, pool, lengths,
+temperature and seed, with a smaller `--max_examples` (its train rows are then
+the first rows of this one, which is checked); its decodes are copied and only
+the remaining inputs are decoded (their batches' PRNG keys start past DIR's).
+`--tasks` limits the run to some tasks (e.g. the pool's En→De inputs only).
+
+  python scripts/build_distill_corpus.py --model models/cpu_v2/target --corpus data/pool \
+      --out data/pool_greedy_v2_200k --max_examples 200000 --tasks translate_en_de \
+      --extend data/pool_greedy_v2
 """
 
 import argparse
@@ -150,7 +161,7 @@ def _read_shard(path, indices):
 
 
 def decode_task(label, rows, input_lengths, task_out, decode_batch, batch_size,
-                shard_size=DEFAULT_SHARD_SIZE, log=print):
+                shard_size=DEFAULT_SHARD_SIZE, log=print, known=None):
   """Decodes `rows` shard by shard (resuming finished shards), then writes `task_out`/train.jsonl.
 
   Args:
@@ -162,13 +173,23 @@ def decode_task(label, rows, input_lengths, task_out, decode_batch, batch_size,
       the batch starting at sorted position `first`.
     batch_size, shard_size: see plan_batches and plan_shards.
     log: progress callback.
+    known: {row index: decoded text} already decoded (`--extend`): copied, and
+      the batches are planned over the other rows, their sorted positions
+      (`first`) counted from len(known).
   """
-  batches = plan_batches(input_lengths, batch_size)
+  known = dict(known or {})
+  todo = np.asarray([i for i in range(len(rows)) if i not in known], np.int64)
+  batches = [todo[b] for b in plan_batches([input_lengths[i] for i in todo], batch_size)]
   shards = plan_shards(len(batches), batch_size, shard_size)
-  _check_layout(task_out, {'examples': len(rows), 'batch_size': batch_size, 'shard_size': shard_size,
-                           'shards': len(shards)})
-  decoded = [None] * len(rows)
-  total, done, fresh = len(rows), 0, 0
+  layout = {'examples': len(rows), 'batch_size': batch_size, 'shard_size': shard_size,
+            'shards': len(shards)}
+  if known:
+    layout['reused'] = len(known)
+  _check_layout(task_out, layout)
+  decoded = [known.get(i) for i in range(len(rows))]
+  total, done, fresh = len(rows), len(known), 0
+  if known:
+    log(f'  {label}: {len(known)}/{total} decodes reused')
   pending = []
   for j, shard in enumerate(shards):
     path = shard_path(task_out, j)
@@ -179,14 +200,14 @@ def decode_task(label, rows, input_lengths, task_out, decode_batch, batch_size,
       done += len(indices)
     else:
       pending.append((j, shard))
-  if done:
+  if done > len(known):
     log(f'  {label}: {done}/{total} decoded in {len(shards) - len(pending)} finished shards (resumed)')
   start = time.perf_counter()
   for j, shard in pending:
     texts = {}
     for b in shard:
       idx = batches[b]
-      for i, text in zip(idx, decode_batch(b * batch_size, idx)):
+      for i, text in zip(idx, decode_batch(len(known) + b * batch_size, idx)):
         texts[int(i)] = text
       done += len(idx)
       fresh += len(idx)
@@ -220,9 +241,39 @@ def copy_eval_splits(corpus_dir, out_dir, task_dir):
 # -----------------------------------------------------------------------------
 
 
+def reused_decodes(extend_dir, task_dir, rows):
+  """{row index: decode} from the corpus `extend_dir` (`--extend`), whose train rows must begin `rows`."""
+  path = os.path.join(extend_dir, task_dir, 'train.jsonl')
+  if not os.path.exists(path):
+    return {}
+  old = fileio.read_jsonl(path)
+  if len(old) > len(rows):
+    raise SystemExit(f'{path} holds {len(old)} rows, more than the {len(rows)} to build: raise --max_examples.')
+  for i, (was, row) in enumerate(zip(old, rows)):
+    if was['inputs'] != row['inputs']:
+      raise SystemExit(f'{path}: row {i} has other inputs than the corpus\'s train split: it was built from '
+                       'another corpus.')
+  return {i: was['targets'] for i, was in enumerate(old)}
+
+
+def check_extendable(extend_dir, want):
+  """Raises unless `extend_dir` is a corpus of this script with `want`'s settings but for max_examples."""
+  path = os.path.join(extend_dir, 'manifest.json')
+  if not os.path.exists(path):
+    raise SystemExit(f'--extend {extend_dir}: no manifest.json there (not a corpus of this script).')
+  have = fileio.read_json_object(path, 'corpus manifest').get('fingerprint') or {}
+  diff = [k for k in want if k != 'max_examples' and have.get(k) != want[k]]
+  if diff:
+    raise SystemExit(f'--extend {extend_dir} was built with other settings ({", ".join(diff)}).')
+  if have.get('max_examples') is None or (want['max_examples'] is not None
+                                          and have['max_examples'] >= want['max_examples']):
+    raise SystemExit(f'--extend {extend_dir} already holds max_examples={have.get("max_examples")}: '
+                     f'--max_examples must be larger.')
+
+
 def distill_task(task_name, corpus_dir, out_dir, predict, params, lengths,
                  batch_size, max_examples=None, temperature=0.0, seed=0,
-                 shard_size=DEFAULT_SHARD_SIZE):
+                 shard_size=DEFAULT_SHARD_SIZE, extend_dir=None):
   import jax  # pylint: disable=g-import-not-at-top
   from specdec import evaluation  # pylint: disable=g-import-not-at-top
 
@@ -237,6 +288,7 @@ def distill_task(task_name, corpus_dir, out_dir, predict, params, lengths,
   for row, ex in zip(rows, examples):  # same file order: check it
     if row['inputs'] not in ex['inputs_pretokenized'].decode('utf-8'):
       raise RuntimeError(f'{src}: seqio example order differs from the file order.')
+  known = reused_decodes(extend_dir, task_dir, rows) if extend_dir else {}
   vocab = seqio_vocab(task_name)
 
   def decode_batch(first, idx):
@@ -256,7 +308,7 @@ def distill_task(task_name, corpus_dir, out_dir, predict, params, lengths,
   task_out = os.path.join(out_dir, task_dir)
   os.makedirs(task_out, exist_ok=True)
   decode_task(task_name, rows, [len(ex['inputs']) for ex in examples], task_out, decode_batch,
-              batch_size, shard_size, log=lambda msg: print(msg, flush=True))
+              batch_size, shard_size, log=lambda msg: print(msg, flush=True), known=known)
   copy_eval_splits(corpus_dir, out_dir, task_dir)
 
 
@@ -282,6 +334,10 @@ def main():
   parser.add_argument('--seed', type=int, default=0)
   parser.add_argument('--overwrite', action='store_true',
                       help='discard a corpus in --out built with other settings')
+  parser.add_argument('--tasks', nargs='+', choices=sorted(TASK_DIRS.values()), default=None,
+                      help='build these tasks only (default: all)')
+  parser.add_argument('--extend', default=None,
+                      help='a smaller corpus of the same settings: its decodes are copied, not redone')
   args = parser.parse_args()
   if args.temperature < 0:
     raise SystemExit(f'--temperature must be >= 0, got {args.temperature}.')
@@ -291,31 +347,37 @@ def main():
   from specdec import loading  # pylint: disable=g-import-not-at-top
   from specdec import models  # pylint: disable=g-import-not-at-top
   from specdec import tasks  # pylint: disable=g-import-not-at-top
-  tasks.register_local_tasks(args.corpus)
   lengths = {'inputs': args.inputs_length, 'targets': args.targets_length}
+  want = fingerprint(args.model, args.corpus, lengths, args.temperature, args.seed, args.max_examples)
+  if args.extend:  # checked before the model loads
+    if os.path.abspath(args.extend) == os.path.abspath(args.out):
+      raise SystemExit('--extend must name another folder than --out.')
+    check_extendable(args.extend, want)
+  check_resumable(args.out, want, args.overwrite)
+  tasks.register_local_tasks(args.corpus)
   module, params = loading.load_module_and_params(args.model)
   model = models.SpeculativeEncoderDecoderModel(module, None,
                                                 decode_fn=decoding.temperature_sample)
   # topk=0: plain sampling (T5X's temperature_sample defaults to topk=1, i.e. greedy).
   predict = model.compile_predict({'temperature': args.temperature, 'topk': 0})
-  want = fingerprint(args.model, args.corpus, lengths, args.temperature, args.seed, args.max_examples)
-  check_resumable(args.out, want, args.overwrite)
   os.makedirs(args.out, exist_ok=True)
   manifest = {'model': args.model, 'corpus': args.corpus, 'lengths': lengths,
               'decoding': 'greedy' if args.temperature == 0 else f'sampled, temperature {args.temperature}',
-              'fingerprint': want,
+              'fingerprint': want, 'extends': args.extend,
               'command': ' '.join(['python scripts/build_distill_corpus.py'] + sys.argv[1:])}
   # Written first, so a killed run's finished tasks and shards are resumable under the same fingerprint.
   fileio.atomic_write(os.path.join(args.out, 'manifest.json'),
                       json.dumps(manifest, indent=2).encode())
   for task_name in TASK_DIRS:
+    if args.tasks and TASK_DIRS[task_name] not in args.tasks:
+      continue
     marker = os.path.join(args.out, TASK_DIRS[task_name], 'train.jsonl')
     if os.path.exists(marker):
       print(f'{marker} exists: skipped (delete it to rebuild).')
       continue
     distill_task(task_name, args.corpus, args.out, predict, {'target': params},
                  lengths, args.batch_size, args.max_examples, args.temperature, args.seed,
-                 args.shard_size)
+                 args.shard_size, args.extend)
 
 
 if __name__ == '__main__':

@@ -124,6 +124,9 @@ def profile(args) -> dict:
   print('HLO ...', flush=True)
   hlo = {'baseline': profiling.compiled_loop_facts(base, bp, first, decoder_params),
          'speculative': profiling.compiled_loop_facts(spec, sp, first, dict(spec_params, return_stats=False))}
+  loop_kernels = {'baseline': profiling.compiled_loop_kernels(base, bp, first, decoder_params),
+                  'speculative': profiling.compiled_loop_kernels(spec, sp, first,
+                                                                 dict(spec_params, return_stats=False))}
 
   base_total = sum(r['baseline_s'] for r in rows)
   spec_total = sum(r['speculative_s'] for r in rows)
@@ -133,6 +136,7 @@ def profile(args) -> dict:
       'temperature': args.temperature, 'draft_confidence': args.draft_confidence,
       'batch_size': args.batch_size, 'examples': len(rows) * args.batch_size, 'lengths': lengths,
       'isolated': isolated, 'in_loop': in_loop, 'fitted': fitted, 'traces': traces, 'hlo': hlo,
+      'loop_kernels': loop_kernels,
       'baseline_width_check': width_check, 'end_to_end': rows,
       'measured_speedup': base_total / spec_total, 'alpha': alpha,
       'identical': all(r['identical'] for r in rows) if args.temperature == 0 else None,
@@ -245,7 +249,37 @@ def markdown(p: dict) -> str:
       lines.append(f"| {decoder} | `{name}` | {f['kernels']} | {f['fusion']} | {f['dot/custom-call']} | "
                    f"{f['copy']} | {f['scatter']} | {f['gather']} | {f['dynamic-update-slice']} | "
                    f"{f['while']} | {f['conditional']} |")
+  lines += kernel_origin_lines(p.get('loop_kernels'))
   return '\n'.join(lines) + '\n'
+
+
+def kernel_origin_lines(loop_kernels):
+  """The 'where a round's kernels come from' table: kernels per loop iteration by phase and layer part."""
+  if not loop_kernels:
+    return []
+  base = loop_kernels['baseline']
+  spec = loop_kernels['speculative']
+  phases = [ph for ph in profiling.PHASES + ('loop',) if ph in spec]
+  merged_base = {}
+  for parts in base.values():
+    for part, n in parts.items():
+      merged_base[part] = merged_base.get(part, 0) + n
+  parts = sorted({part for ph in phases for part in spec[ph]} | set(merged_base),
+                 key=lambda part: -sum(spec.get(ph, {}).get(part, 0) for ph in phases))
+  header = ['part', 'baseline step'] + [ph.replace('_phase', '') for ph in phases]
+  lines = ['', '## Where the loop\'s kernels come from', '',
+           'Kernels per iteration of each decode loop, by the phase of the speculative round '
+           '(`decoding.speculative_step`\'s named scopes; "loop" is what no phase wrote: the loop\'s carry, '
+           'and layout copies XLA inserts) and by the part of a T5 decoder step their op names give '
+           '(`profiling.kernel_origin`). On a CPU each kernel pays a dispatch, so a drafter\'s step costs about '
+           'its share of kernels, whatever its FLOPs.', '',
+           '| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
+  for part in parts:
+    lines.append(f"| {part} | {merged_base.get(part, 0)} | "
+                 + ' | '.join(str(spec[ph].get(part, 0)) for ph in phases) + ' |')
+  lines.append(f"| **all** | {sum(merged_base.values())} | "
+               + ' | '.join(str(sum(spec[ph].values())) for ph in phases) + ' |')
+  return lines
 
 
 def main():

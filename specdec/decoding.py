@@ -852,11 +852,17 @@ def speculative_step(spec: LoopSpec, state: SpeculativeLoopState) -> Speculative
     rng = draft_rng = accept_rng = None
   else:
     rng, draft_rng, accept_rng = jax.random.split(state.rng, 3)
-  drafts = draft_phase(spec, state, draft_rng)
-  verified = verify_phase(spec, state, drafts)
-  verdict, logp_bkv = accept_phase(spec, state, drafts, verified.logits_bkv, accept_rng)
-  return commit_phase(spec, state, drafts, verdict, verified.logits_bkv, logp_bkv,
-                      verified.cache, state.rng if rng is None else rng, verified.features_bke)
+  # Named scopes put each phase in the ops' metadata: profiles and compiled
+  # programs say which phase a kernel belongs to (profiling.loop_kernels_by_scope).
+  with jax.named_scope('draft_phase'):
+    drafts = draft_phase(spec, state, draft_rng)
+  with jax.named_scope('verify_phase'):
+    verified = verify_phase(spec, state, drafts)
+  with jax.named_scope('accept_phase'):
+    verdict, logp_bkv = accept_phase(spec, state, drafts, verified.logits_bkv, accept_rng)
+  with jax.named_scope('commit_phase'):
+    return commit_phase(spec, state, drafts, verdict, verified.logits_bkv, logp_bkv,
+                        verified.cache, state.rng if rng is None else rng, verified.features_bke)
 
 
 def _check_cache_length(cache, length: int, cache_offset: int, name: str) -> None:

@@ -553,15 +553,69 @@ def hlo_summary(ops: Mapping[str, int]) -> Dict[str, int]:
           'conditional': pick('conditional'), 'sort': pick('sort')}
 
 
+PHASES = ('draft_phase', 'verify_phase', 'accept_phase', 'commit_phase')
+# What a kernel computes, read from its op_name (first match wins): the layer parts of a T5 decoder step.
+_PARTS = (('norms', ('layer_norm', 'decoder_norm', 'head_norm')),
+          ('cross-attention', ('encoder_decoder_attention',)),
+          ('self-attention', ('self_attention',)),
+          ('MLP', ('/mlp/', 'mlp_layer')),
+          ('relative position bias', ('relpos_bias', 'relative_attention')),
+          ('embedding', ('embed',)),
+          ('input fusion / output map', ('._fused', '._out')))
+_TRIVIAL = ('parameter', 'get-tuple-element', 'tuple', 'constant', 'bitcast')
+
+
+def kernel_origin(op_name: str) -> Tuple[str, str]:
+  """(phase, part) of a kernel from its op_name: phase one of PHASES (`decoding.speculative_step`'s named
+  scopes) or 'loop' (the loop's own bookkeeping), part one of `_PARTS`' labels or 'logits, sampling, other'."""
+  phase = next((ph for ph in PHASES if f'/{ph}/' in op_name or op_name.startswith(f'{ph}/')), 'loop')
+  part = next((label for label, keys in _PARTS if any(k in op_name for k in keys)),
+              'logits, sampling, other')
+  return phase, part
+
+
+def loop_kernels_by_origin(hlo_text: str) -> Dict[str, Dict[str, int]]:
+  """Kernels per iteration of the largest `while` body (scatter expansions left out), by phase and part:
+  {phase: {part: count}}; see `kernel_origin`. A fusion counts once, under its root's op_name."""
+  loops = loop_body_ops(hlo_text, skip_scatter_loops=True)
+  if not loops:
+    return {}
+  comps = _computations(hlo_text)
+  out: Dict[str, Dict[str, int]] = {}
+  for line in comps[next(iter(loops))].splitlines():
+    found = _INSTRUCTION.match(line)
+    if found is None or found.group(1) in _TRIVIAL:
+      continue
+    op_name = re.search(r'op_name="([^"]*)"', line)
+    called = re.search(r'calls=%?([\w.\-]+)', line)
+    if op_name is None and called is not None:  # a fusion XLA made (e.g. a split reduction): its ops' name
+      op_name = re.search(r'op_name="([^"]*)"', comps.get(called.group(1), ''))
+    phase, part = kernel_origin(op_name.group(1) if op_name else '')
+    out.setdefault(phase, {})
+    out[phase][part] = out[phase].get(part, 0) + 1
+  return out
+
+
+def _compiled_predict_text(model: models.SpeculativeEncoderDecoderModel, params, batch,
+                           decoder_params: Mapping[str, Any]) -> str:
+  fn = jax.jit(lambda p, b: model.predict_batch_with_aux(p, b, decoder_params=dict(decoder_params)))
+  return fn.lower(params, {k: batch[k] for k in ('encoder_input_tokens', 'decoder_input_tokens')}
+                  ).compile().as_text()
+
+
 def compiled_loop_facts(model: models.SpeculativeEncoderDecoderModel, params, batch,
                         decoder_params: Mapping[str, Any]) -> Dict[str, Dict[str, int]]:
   """`hlo_summary` of every while loop the predict function's program has (`loop_body_ops`, scatter
   expansions left out), largest first."""
-  fn = jax.jit(lambda p, b: model.predict_batch_with_aux(p, b, decoder_params=dict(decoder_params)))
-  text = fn.lower(params, {k: batch[k] for k in ('encoder_input_tokens', 'decoder_input_tokens')}
-                  ).compile().as_text()
+  text = _compiled_predict_text(model, params, batch, decoder_params)
   return {name: hlo_summary(ops)
           for name, ops in loop_body_ops(text, skip_scatter_loops=True).items()}
+
+
+def compiled_loop_kernels(model: models.SpeculativeEncoderDecoderModel, params, batch,
+                          decoder_params: Mapping[str, Any]) -> Dict[str, Dict[str, int]]:
+  """`loop_kernels_by_origin` of the predict function's decode loop."""
+  return loop_kernels_by_origin(_compiled_predict_text(model, params, batch, decoder_params))
 
 
 

@@ -191,6 +191,44 @@ def test_compiled_loop_facts_sees_the_decode_loops(pair):
   assert any(f['while'] >= 1 for f in adaptive.values())
 
 
+def test_kernel_origin_reads_phase_and_layer_part():
+  name = 'jit(f)/while/body/draft_phase/FeatureHead.decode_step/layers_0._blocks/pre_mlp_layer_norm/square'
+  assert profiling.kernel_origin(name) == ('draft_phase', 'norms')
+  assert profiling.kernel_origin(
+      'jit(f)/while/body/verify_phase/Transformer.decode_step/layers_3/encoder_decoder_attention/exp'
+  ) == ('verify_phase', 'cross-attention')
+  assert profiling.kernel_origin('jit(f)/while/body/commit_phase/scatter') == ('commit_phase',
+                                                                              'logits, sampling, other')
+  assert profiling.kernel_origin('') == ('loop', 'logits, sampling, other')
+
+
+def test_loop_kernels_by_origin_on_hand_hlo():
+  named = (HLO.replace('calls=%fused', 'calls=%fused, metadata={op_name="jit(f)/while/body/draft_phase/'
+                       'Head.decode_step/self_attention/exp"}')
+           .replace('rhs_contracting_dims={0}', 'rhs_contracting_dims={0}, metadata={op_name="jit(f)/while/'
+                    'body/verify_phase/Transformer.decode_step/mlp/wi/dot_general"}'))
+  # The copy has no op_name and calls nothing: the loop's own.
+  assert profiling.loop_kernels_by_origin(named) == {
+      'draft_phase': {'self-attention': 1}, 'loop': {'logits, sampling, other': 1}, 'verify_phase': {'MLP': 1}}
+  # A fusion without a name of its own takes the name of the ops it fused.
+  inner = HLO.replace('negate(%p)', 'negate(%p), metadata={op_name="jit(f)/while/body/accept_phase/neg"}')
+  assert inner != HLO
+  assert profiling.loop_kernels_by_origin(inner) == {
+      'accept_phase': {'logits, sampling, other': 1}, 'loop': {'logits, sampling, other': 2}}
+  assert profiling.loop_kernels_by_origin(HLO.replace('while(', 'call(')) == {}
+
+
+def test_compiled_loop_kernels_attribute_the_phases(pair):
+  (tm, tp), (dm, dp) = pair
+  spec = models.SpeculativeEncoderDecoderModel(tm, dm, decode_fn=decoding.speculative_sample)
+  kernels = profiling.compiled_loop_kernels(spec, {'target': tp, 'drafter': dp}, _batch(),
+                                            {'temperature': 0.0, 'gamma': 2})
+  assert set(profiling.PHASES) <= set(kernels)
+  for phase in ('draft_phase', 'verify_phase'):  # both call a T5 decoder: its layer parts are named
+    assert kernels[phase].get('self-attention', 0) > 0 and kernels[phase].get('MLP', 0) > 0
+    assert kernels[phase].get('norms', 0) > 0
+
+
 def test_in_loop_costs_subset_of_parts(pair):
   (tm, tp), (dm, dp) = pair
   params = {'temperature': 0.0, 'topk': 0, 'topp': 0.0, 'gamma': 2}

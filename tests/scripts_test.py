@@ -319,3 +319,54 @@ def test_distill_refuses_shards_of_another_layout(tmp_path):
     bdc.decode_task('t', rows, lengths, str(tmp_path), _FakeDecoder(), 4, 8, log=lambda _: None)
   with pytest.raises(SystemExit, match='batch_size: 4 -> 2'):
     bdc.decode_task('t', rows, lengths, str(tmp_path), _FakeDecoder(), 2, 16, log=lambda _: None)
+
+
+def test_distill_extend_decodes_only_the_new_rows(tmp_path):
+  import json  # pylint: disable=g-import-not-at-top
+  import build_distill_corpus as bdc  # pylint: disable=g-import-not-at-top
+  rows, lengths = _distill_rows(50), _lengths(50)
+  small = tmp_path / 'small'
+  bdc.decode_task('t', rows[:20], lengths[:20], str(small), _FakeDecoder(), 4, 16, log=lambda _: None)
+  known = bdc.reused_decodes(str(tmp_path), 'small', rows)
+  assert sorted(known) == list(range(20))
+  grown, logs = _FakeDecoder(), []
+  bdc.decode_task('t', rows, lengths, str(tmp_path / 'big'), grown, 4, 16, log=logs.append, known=known)
+  decoded = sorted(i for _, idx in grown.calls for i in idx)
+  assert decoded == list(range(20, 50))  # each new row once, no old one again
+  assert min(first for first, _ in grown.calls) == 20  # PRNG positions past the reused corpus's
+  assert '20/50 decodes reused' in logs[0]
+  got = [json.loads(line) for line in (tmp_path / 'big' / 'train.jsonl').read_text().splitlines()]
+  assert [r['inputs'] for r in got] == [r['inputs'] for r in rows]
+  assert [r['targets'] for r in got[:20]] == [known[i] for i in range(20)]
+  # Rows of another corpus, or more rows than the new one holds, are refused.
+  with pytest.raises(SystemExit, match='row 3 has other inputs'):
+    bdc.reused_decodes(str(tmp_path), 'small', rows[:3] + [dict(rows[3], inputs='other')] + rows[4:])
+  with pytest.raises(SystemExit, match='raise --max_examples'):
+    bdc.reused_decodes(str(tmp_path), 'small', rows[:10])
+
+
+def test_distill_extend_needs_the_same_settings_and_fewer_examples(tmp_path):
+  import json  # pylint: disable=g-import-not-at-top
+  import build_distill_corpus as bdc  # pylint: disable=g-import-not-at-top
+  want = {'model_files': {'params.msgpack': 'a'}, 'corpus_manifest': 'b', 'lengths': {'inputs': 8},
+          'temperature': 0.0, 'seed': 0, 'max_examples': 100}
+  (tmp_path / 'manifest.json').write_text(json.dumps({'fingerprint': dict(want, max_examples=40)}))
+  bdc.check_extendable(str(tmp_path), want)
+  with pytest.raises(SystemExit, match='must be larger'):
+    bdc.check_extendable(str(tmp_path), dict(want, max_examples=40))
+  with pytest.raises(SystemExit, match='other settings \\(temperature\\)'):
+    bdc.check_extendable(str(tmp_path), dict(want, temperature=1.0))
+  with pytest.raises(SystemExit, match='no manifest.json'):
+    bdc.check_extendable(str(tmp_path / 'none'), want)
+
+
+def test_profile_kernel_origin_table():
+  import profile_decode  # pylint: disable=g-import-not-at-top
+  kernels = {'baseline': {'loop': {'MLP': 4, 'norms': 6}},
+             'speculative': {'draft_phase': {'norms': 3, 'MLP': 1}, 'verify_phase': {'MLP': 4, 'norms': 6},
+                             'loop': {'logits, sampling, other': 2}}}
+  lines = profile_decode.kernel_origin_lines(kernels)
+  assert '| part | baseline step | draft | verify | loop |' in lines
+  assert '| norms | 6 | 3 | 6 | 0 |' in lines and '| MLP | 4 | 1 | 4 | 0 |' in lines
+  assert '| **all** | 10 | 4 | 10 | 2 |' in lines
+  assert profile_decode.kernel_origin_lines(None) == []
