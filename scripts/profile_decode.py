@@ -271,8 +271,8 @@ def kernel_origin_lines(loop_kernels):
            'Kernels per iteration of each decode loop, by the phase of the speculative round '
            '(`decoding.speculative_step`\'s named scopes; "loop" is what no phase wrote: the loop\'s carry, '
            'and layout copies XLA inserts) and by the part of a T5 decoder step their op names give '
-           '(`profiling.kernel_origin`). On a CPU each kernel pays a dispatch, so a drafter\'s step costs about '
-           'its share of kernels, whatever its FLOPs.', '',
+           '(`profiling.kernel_origin`). On a CPU each kernel pays a dispatch and, when split across threads, a '
+           'wait: compare a phase\'s kernels with its time in the first table.', '',
            '| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
   for part in parts:
     lines.append(f"| {part} | {merged_base.get(part, 0)} | "
