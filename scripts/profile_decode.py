@@ -122,11 +122,12 @@ def profile(args) -> dict:
     print(f'no fit: {e}', flush=True)
     fitted = None
   print('HLO ...', flush=True)
-  hlo = {'baseline': profiling.compiled_loop_facts(base, bp, first, decoder_params),
-         'speculative': profiling.compiled_loop_facts(spec, sp, first, dict(spec_params, return_stats=False))}
-  loop_kernels = {'baseline': profiling.compiled_loop_kernels(base, bp, first, decoder_params),
-                  'speculative': profiling.compiled_loop_kernels(spec, sp, first,
-                                                                 dict(spec_params, return_stats=False))}
+  # Each program compiled once; both readings come from its text.
+  texts = {'baseline': profiling.compiled_predict_text(base, bp, first, decoder_params),
+           'speculative': profiling.compiled_predict_text(spec, sp, first,
+                                                          dict(spec_params, return_stats=False))}
+  hlo = {decoder: profiling.loop_facts(text) for decoder, text in texts.items()}
+  loop_kernels = {decoder: profiling.loop_kernels_by_origin(text) for decoder, text in texts.items()}
 
   base_total = sum(r['baseline_s'] for r in rows)
   spec_total = sum(r['speculative_s'] for r in rows)

@@ -596,26 +596,32 @@ def loop_kernels_by_origin(hlo_text: str) -> Dict[str, Dict[str, int]]:
   return out
 
 
-def _compiled_predict_text(model: models.SpeculativeEncoderDecoderModel, params, batch,
-                           decoder_params: Mapping[str, Any]) -> str:
+def compiled_predict_text(model: models.SpeculativeEncoderDecoderModel, params, batch,
+                          decoder_params: Mapping[str, Any]) -> str:
+  """The optimized HLO text of the jitted predict function (compiled once; read it with `loop_facts` and
+  `loop_kernels_by_origin`)."""
   fn = jax.jit(lambda p, b: model.predict_batch_with_aux(p, b, decoder_params=dict(decoder_params)))
   return fn.lower(params, {k: batch[k] for k in ('encoder_input_tokens', 'decoder_input_tokens')}
                   ).compile().as_text()
 
 
+def loop_facts(hlo_text: str) -> Dict[str, Dict[str, int]]:
+  """`hlo_summary` of every while loop of a compiled program (`loop_body_ops`, scatter expansions left out),
+  largest first."""
+  return {name: hlo_summary(ops)
+          for name, ops in loop_body_ops(hlo_text, skip_scatter_loops=True).items()}
+
+
 def compiled_loop_facts(model: models.SpeculativeEncoderDecoderModel, params, batch,
                         decoder_params: Mapping[str, Any]) -> Dict[str, Dict[str, int]]:
-  """`hlo_summary` of every while loop the predict function's program has (`loop_body_ops`, scatter
-  expansions left out), largest first."""
-  text = _compiled_predict_text(model, params, batch, decoder_params)
-  return {name: hlo_summary(ops)
-          for name, ops in loop_body_ops(text, skip_scatter_loops=True).items()}
+  """`loop_facts` of the predict function's program."""
+  return loop_facts(compiled_predict_text(model, params, batch, decoder_params))
 
 
 def compiled_loop_kernels(model: models.SpeculativeEncoderDecoderModel, params, batch,
                           decoder_params: Mapping[str, Any]) -> Dict[str, Dict[str, int]]:
   """`loop_kernels_by_origin` of the predict function's decode loop."""
-  return loop_kernels_by_origin(_compiled_predict_text(model, params, batch, decoder_params))
+  return loop_kernels_by_origin(compiled_predict_text(model, params, batch, decoder_params))
 
 
 
