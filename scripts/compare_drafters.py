@@ -54,15 +54,14 @@ def parse_run(text: str):
 def load_run_drafter(name: str, models_dir: str, target_params):
   """(module, params, draft vocabulary ids) of DRAFTER[@VOCAB_FILE]: a directory or a name in models_dir.
 
-  A feature head brings its own vocabulary; @VOCAB_FILE (a JSON list of ids, scripts/draft_vocab.py)
-  trims a T5 drafter's.
+  @VOCAB_FILE (a JSON list of ids, scripts/draft_vocab.py) trims a T5 drafter's vocabulary, or replaces the
+  one a feature head brings (any set of ids keeps the decode exact: the target verifies over its whole
+  vocabulary), so one head can be measured at several K.
   """
   drafter, _, vocab_file = name.partition('@')
   path = drafter if os.path.isdir(drafter) else os.path.join(models_dir, drafter)
   module, params, vocab_ids = loading.load_drafter(path, target_params)
   if vocab_file:
-    if vocab_ids is not None:
-      raise SystemExit(f'{drafter} has its own draft vocabulary; drop @{vocab_file}.')
     vocab_ids = draft_vocab.load_ids(vocab_file, vocab_size=module.config.vocab_size)
   return module, params, vocab_ids
 

@@ -99,6 +99,10 @@ def profile(args) -> dict:
            for steps in (0, args.gamma)]
   isolated.update(chained_verify_s=chain[0], chained_draft_step_s=(chain[1] - chain[0]) / args.gamma,
                   c_chained=(chain[1] - chain[0]) / args.gamma / isolated['target_call_s'])
+  print('one drafter call, kernel by kernel ...', flush=True)
+  draft_kernels = profiling.drafter_call_kernels(target_module, target_params, drafter_module, drafter_params,
+                                                 first['encoder_input_tokens'], lengths['targets'],
+                                                 draft_vocab_ids=draft_vocab_ids)
   print('phases inside the loop ...', flush=True)
   in_loop = profiling.in_loop_costs(target_module, target_params, drafter_module, drafter_params, first,
                                     decoded_l, args.gamma, spec_params, repeats=args.repeats + 2,
@@ -136,7 +140,8 @@ def profile(args) -> dict:
       'run': args.run, 'target': args.target, 'drafter': args.drafter, 'task': task_name, 'gamma': args.gamma,
       'temperature': args.temperature, 'draft_confidence': args.draft_confidence,
       'batch_size': args.batch_size, 'examples': len(rows) * args.batch_size, 'lengths': lengths,
-      'isolated': isolated, 'in_loop': in_loop, 'fitted': fitted, 'traces': traces, 'hlo': hlo,
+      'isolated': isolated, 'draft_kernels': draft_kernels, 'in_loop': in_loop, 'fitted': fitted,
+      'traces': traces, 'hlo': hlo,
       'loop_kernels': loop_kernels,
       'baseline_width_check': width_check, 'end_to_end': rows,
       'measured_speedup': base_total / spec_total, 'alpha': alpha,
@@ -186,6 +191,7 @@ def markdown(p: dict) -> str:
       'Chained: one jitted scan of a verify call then γ drafter calls, each fed the previous call\'s argmax, '
       'as in the decode loop (no overlap of independent calls across cores, the drafter\'s weights just '
       'evicted by the target\'s); (chained(γ) − chained(0)) / γ.', '',
+      *drafter_call_lines(p.get('draft_kernels'), iso['target_call_s']),
       '## Per-example fixed costs', '',
       'The jitted encoder(s) and cache init(s) every example pays before its decode loop.', '',
       f"| baseline | {ms(il['baseline_fixed_s'])} ms |", '|---|---|',
@@ -252,6 +258,24 @@ def markdown(p: dict) -> str:
                    f"{f['while']} | {f['conditional']} |")
   lines += kernel_origin_lines(p.get('loop_kernels'))
   return '\n'.join(lines) + '\n'
+
+
+def drafter_call_lines(dk, target_call_s):
+  """The 'one drafter call, kernel by kernel' section (`profiling.drafter_call_kernels`)."""
+  if not dk:
+    return []
+  lines = ['## One drafter call, kernel by kernel (jax.profiler)', '',
+           f"32 1-token drafter calls in one jitted scan, as draft steps make them, traced: {dk['busy_us']:.0f} µs "
+           f"of kernels a call ({dk['wall_us']:.0f} µs wall under the profiler; the 1-token target call: "
+           f"{1e6 * target_call_s:.0f} µs untraced), **{100 * dk['dot_share']:.0f}% of it in matrix products**. "
+           'The costliest kernels, each with the largest array it reads: a 1-row matrix product reads its '
+           'whole weight matrix, so its time follows the matrix\'s bytes, not the kernel count.', '',
+           '| kernel | µs | output | largest operand | MB |', '|---|---|---|---|---|']
+  for k in dk['top']:
+    mb = profiling.shape_bytes(k['largest_operand']) / 1e6
+    lines.append(f"| `{k['kernel']}` | {k['us']:.1f} | `{k['shape']}` | `{k['largest_operand']}` | "
+                 f"{mb:.2f} |" if k['largest_operand'] else f"| `{k['kernel']}` | {k['us']:.1f} | | | |")
+  return lines + ['']
 
 
 def kernel_origin_lines(loop_kernels):

@@ -206,21 +206,27 @@ def time_chained_calls(target_module, target_params, drafter_module, drafter_par
                         repeats=repeats) / num_calls
 
 
-def time_head_calls(target_module, target_params, head, head_params, encoder_input_tokens: np.ndarray,
-                    max_decode_length: int, num_calls: int = 32, repeats: int = 5,
-                    draft_vocab_ids: Optional[np.ndarray] = None) -> float:
-  """Median seconds of one 1-entry feature-head call (embedding, head, the target's projection, over
-  `draft_vocab_ids` only when given, as the head decodes), as a draft step makes it: each call reads the
-  feature the previous one predicted, in one jitted scan."""
+def _head_calls(target_module, target_params, head, head_params, encoder_input_tokens: np.ndarray,
+                max_decode_length: int, num_calls: int, draft_vocab_ids: Optional[np.ndarray] = None):
+  """(jitted fn, its args): `num_calls` 1-entry feature-head calls in one scan, each reading the feature the
+  previous one predicted, as a draft step makes them (over `draft_vocab_ids` only when given, the
+  projection sliced once outside, as decodes get it)."""
   enc = jnp.asarray(encoder_input_tokens)
-  _, _, head_cache0, draft_fn = feature_drafter.decoder_fns(
+  _, _, head_cache0, _ = feature_drafter.decoder_fns(
       target_module, target_params, head, head_params, enc, max_decode_length, draft_vocab_ids)
+  projection_ek, _ = _projection(target_module, target_params, draft_vocab_ids)
   rows = enc.shape[0]
   span = max(max_decode_length - 1, 1)
   feature0 = jnp.zeros((rows, 1, head.config.feature_dim), jnp.float32)
 
   @jax.jit
-  def calls(head_cache, feature):
+  def calls(target_params, head_params, projection_ek, head_cache, feature):
+    # Params are arguments, as the decode loops get them; the encoding and cache set-up decoder_fns does
+    # here are unused and compiled away.
+    _, _, _, draft_fn = feature_drafter.decoder_fns(
+        target_module, target_params, head, head_params, enc, max_decode_length, draft_vocab_ids,
+        projection_ek=projection_ek)
+
     def body(carry, i):
       cache, feature_b1e, token_b = carry
       logits, predicted, cache = draft_fn(decoding.DecodingState(
@@ -229,7 +235,30 @@ def time_head_calls(target_module, target_params, head, head_params, encoder_inp
       return (cache, predicted.astype(feature_b1e.dtype), sampling.argmax(logits[:, -1])), None
     return jax.lax.scan(body, (head_cache, feature, jnp.full((rows,), 3, jnp.int32)), jnp.arange(num_calls))
 
-  return median_seconds(calls, head_cache0, feature0, repeats=repeats) / num_calls
+  return calls, (target_params, head_params, projection_ek, head_cache0, feature0)
+
+
+def time_head_calls(target_module, target_params, head, head_params, encoder_input_tokens: np.ndarray,
+                    max_decode_length: int, num_calls: int = 32, repeats: int = 5,
+                    draft_vocab_ids: Optional[np.ndarray] = None) -> float:
+  """Median seconds of one 1-entry feature-head call (embedding, head, the target's projection, over
+  `draft_vocab_ids` only when given, as the head decodes), as a draft step makes it: each call reads the
+  feature the previous one predicted, in one jitted scan."""
+  calls, args = _head_calls(target_module, target_params, head, head_params, encoder_input_tokens,
+                            max_decode_length, num_calls, draft_vocab_ids)
+  return median_seconds(calls, *args, repeats=repeats) / num_calls
+
+
+def drafter_calls(target_module, target_params, drafter_module, drafter_params,
+                  encoder_input_tokens: np.ndarray, max_decode_length: int, num_calls: int = 32,
+                  draft_vocab_ids: Optional[np.ndarray] = None):
+  """(jitted fn, its args): `num_calls` 1-token drafter calls in one scan, as a draft step makes them: a
+  feature head's (`_head_calls`) or an independent drafter's `decode_step` (`_decode_calls`)."""
+  if isinstance(drafter_module, feature_drafter.FeatureHead):
+    return _head_calls(target_module, target_params, drafter_module, drafter_params, encoder_input_tokens,
+                       max_decode_length, num_calls, draft_vocab_ids)
+  return _decode_calls(drafter_module, drafter_params, encoder_input_tokens, max_decode_length, 1, num_calls,
+                       draft_vocab_ids)
 
 
 def _time_chained_head_calls(target_module, target_params, head, head_params, enc, max_decode_length: int,
@@ -791,12 +820,12 @@ def _is_op_line(plane_name: str, line_name: str, has_device: bool) -> bool:
   return plane_name.startswith('/host:CPU') and line_name.startswith('tf_XLA')
 
 
-def trace_kernel_breakdown(fn: Callable[[], Any], calls: int = 3, logdir: Optional[str] = None
-                           ) -> Dict[str, Any]:
+def trace_kernel_breakdown(fn: Callable[[], Any], calls: int = 3, logdir: Optional[str] = None,
+                           top: int = 15) -> Dict[str, Any]:
   """Runs `fn()` (already compiled) `calls` times under `jax.profiler` and sums each kernel's exclusive
   time (its own, less the kernels it launched), per kernel family (`ynn_fusion`, `dot`, `copy`, the
-  executor's own overhead, ...). Milliseconds per call. On CPU the kernels are the XLA thunks on the
-  compute threads; on GPU/TPU the device planes' op lines.
+  executor's own overhead, ...) and for the `top` costliest kernels. Milliseconds per call. On CPU the
+  kernels are the XLA thunks on the compute threads; on GPU/TPU the device planes' op lines.
   """
   jax.block_until_ready(fn())
   logdir = logdir or tempfile.mkdtemp(prefix='specdec_trace_')
@@ -842,9 +871,73 @@ def trace_kernel_breakdown(fn: Callable[[], Any], calls: int = 3, logdir: Option
           for k, v in sorted(families.items(), key=lambda kv: -kv[1])]
   top = [{'kernel': k, 'ms_per_call': v / 1e6 / calls, 'launches_per_call': counts[k] / calls}
          for k, v in sorted(exclusive.items(), key=lambda kv: -kv[1])
-         if 'wait for completion' not in k][:15]
+         if 'wait for completion' not in k][:top]
   return {'wall_ms_per_call': 1000 * wall, 'busy_ms_per_call': total / 1e6 / calls,
           'families': rows, 'top_kernels': top, 'device': has_device}
+
+
+def instruction_facts(hlo_text: str) -> Dict[str, Dict[str, str]]:
+  """{instruction name: {'opcode', 'shape', 'op_name', 'part', 'operands'}} of every instruction of a compiled
+  module's text. The runtime names its kernels after these instructions (`dot.99`, `ynn_fusion.3`), so a trace's
+  kernels can be told apart by what they compute; a fusion XLA made without a name is named by its ops."""
+  comps = _computations(hlo_text)
+  out = {}
+  for line in hlo_text.splitlines():
+    found = re.match(r'^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*?)\s([a-z][\w\-]*)\(', line)
+    if found is None:
+      continue
+    name, shape, opcode = found.groups()
+    op_name = re.search(r'op_name="([^"]*)"', line)
+    called = re.search(r'calls=%?([\w.\-]+)', line)
+    if op_name is None and called is not None:
+      op_name = re.search(r'op_name="([^"]*)"', comps.get(called.group(1), ''))
+    op_name = op_name.group(1) if op_name else ''
+    operands = re.findall(r'%([\w.\-]+)', line[found.end():].split(')', 1)[0])
+    out[name] = {'opcode': opcode, 'shape': re.sub(r'\{[^{}]*\}', '', shape).strip(), 'op_name': op_name,
+                 'part': kernel_origin(op_name)[1], 'operands': operands}
+  return out
+
+
+_DTYPE_BYTES = {'pred': 1, 's8': 1, 'u8': 1, 'bf16': 2, 'f16': 2, 's16': 2, 'u16': 2, 'f32': 4, 's32': 4,
+                'u32': 4, 'f64': 8, 's64': 8, 'u64': 8}
+
+
+def shape_bytes(shape: str) -> int:
+  """Bytes of an array shape's text (`f32[384,2048]` -> 3145728); 0 for a tuple or an unknown type."""
+  found = re.fullmatch(r'([a-z]\w*)\[([\d,]*)\]', shape)
+  if found is None or found.group(1) not in _DTYPE_BYTES:
+    return 0
+  dims = [int(d) for d in found.group(2).split(',') if d]
+  return int(np.prod(dims, dtype=np.int64)) * _DTYPE_BYTES[found.group(1)]
+
+
+def drafter_call_kernels(target_module, target_params, drafter_module, drafter_params,
+                         encoder_input_tokens: np.ndarray, max_decode_length: int, num_calls: int = 32,
+                         draft_vocab_ids: Optional[np.ndarray] = None, top: int = 10) -> Dict[str, Any]:
+  """Where one 1-token drafter call's time goes (`drafter_calls`' scan under `jax.profiler`), in
+  microseconds per call: its `top` costliest kernels, each with its output shape and its largest operand
+  (for a matrix product, the weights it reads), from the compiled program's own text. `dot_share`: the
+  share of the call's kernel time spent in matrix products (XLA's `dot` kernels and YNNPACK's dot fusions).
+  Kernels the program does not name (the executor's own cost, thread-pool waits) have no shape."""
+  calls, args = drafter_calls(target_module, target_params, drafter_module, drafter_params,
+                              encoder_input_tokens, max_decode_length, num_calls, draft_vocab_ids)
+  facts = instruction_facts(calls.lower(*args).compile().as_text())
+  trace = trace_kernel_breakdown(lambda: calls(*args), top=10_000)
+  per_call = lambda ms: 1000 * ms / num_calls
+  kernels, dots = [], 0.0
+  for row in trace['top_kernels']:
+    fact = facts.get(row['kernel'])
+    us = per_call(row['ms_per_call'])
+    is_dot = fact is not None and (fact['opcode'] == 'dot' or row['kernel'].startswith('ynn_fusion'))
+    dots += us if is_dot else 0.0
+    # A matrix-vector product reads its weights whole: name them by the largest operand.
+    largest = max((facts[o]['shape'] for o in (fact or {}).get('operands', []) if o in facts),
+                  key=shape_bytes, default='')
+    kernels.append({'kernel': row['kernel'], 'us': us, 'shape': fact['shape'] if fact else '',
+                    'largest_operand': largest, 'dot': is_dot})
+  busy = sum(k['us'] for k in kernels)
+  return {'busy_us': busy, 'wall_us': per_call(trace['wall_ms_per_call']),
+          'dot_share': dots / busy if busy else 0.0, 'kernels': len(kernels), 'top': kernels[:top]}
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -292,6 +292,51 @@ def test_trace_kernel_breakdown_sees_the_kernels(tmp_path):
   assert max(r['launches_per_call'] for r in report['families']) >= 20
 
 
+_HAND_HLO = """HloModule m
+
+%fused_computation (p0: f32[1,4]) -> f32[1,4] {
+  %p0 = f32[1,4]{1,0} parameter(0)
+  ROOT %t = f32[1,4]{1,0} tanh(%p0), metadata={op_name="jit(f)/head/mlp/tanh"}
+}
+
+ENTRY %main (x: f32[1,8], w: f32[8,4]) -> f32[1,4] {
+  %x = f32[1,8]{1,0} parameter(0)
+  %w = f32[8,4]{0,1} parameter(1)
+  %dot.7 = f32[1,4]{1,0} dot(%x, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT %tanh_fusion = f32[1,4]{1,0} fusion(%dot.7), kind=kLoop, calls=%fused_computation
+}
+"""
+
+
+def test_instruction_facts_and_shape_bytes():
+  facts = profiling.instruction_facts(_HAND_HLO)
+  assert facts['dot.7']['opcode'] == 'dot' and facts['dot.7']['shape'] == 'f32[1,4]'
+  assert facts['dot.7']['operands'] == ['x', 'w'] and facts['w']['shape'] == 'f32[8,4]'
+  # A fusion without a name of its own is named by its ops: the MLP here.
+  assert facts['tanh_fusion']['part'] == 'MLP' and facts['tanh_fusion']['operands'] == ['dot.7']
+  assert profiling.shape_bytes('f32[384,2048]') == 384 * 2048 * 4
+  assert profiling.shape_bytes('bf16[3,5]') == 30 and profiling.shape_bytes('s32[]') == 4
+  assert profiling.shape_bytes('(f32[2], s32[])') == 0
+
+
+@pytest.mark.parametrize('which', ['head', 't5'])
+def test_drafter_call_kernels_names_the_products_and_their_weights(pair, which):
+  (tm, tp), (dm, dp) = pair
+  if which == 'head':
+    dm, dp = _tiny_head(tm)
+  vocab_ids = np.arange(0, 64, 2)
+  report = profiling.drafter_call_kernels(tm, tp, dm, dp, _batch()['encoder_input_tokens'], 10, num_calls=4,
+                                          draft_vocab_ids=vocab_ids, top=100)
+  assert report['busy_us'] > 0 and 0 < report['dot_share'] <= 1
+  assert report['kernels'] <= 100 and sum(k['us'] for k in report['top']) == pytest.approx(report['busy_us'])
+  dots = [k for k in report['top'] if k['dot']]
+  assert dots and all(k['largest_operand'] for k in dots)
+  # The trimmed projection [E, K] (the target's E for a head, the drafter's own for a T5 drafter) is one of
+  # the arrays the products read.
+  width = tm.config.emb_dim if which == 'head' else dm.config.emb_dim
+  assert f'f32[{width},{len(vocab_ids)}]' in {k['largest_operand'] for k in dots}
+
+
 def test_widened_baseline_gives_the_same_outputs(pair):
   (module, params), _ = pair
   batch = _batch(rows=2)

@@ -142,6 +142,30 @@ def test_compare_drafters_parses_runs_and_refuses_bad_ones():
       compare_drafters.parse_run(bad)
 
 
+def test_compare_drafters_vocab_file_replaces_a_heads_own_or_trims_a_t5_drafters(tmp_path):
+  import jax  # pylint: disable=g-import-not-at-top
+  import compare_drafters  # pylint: disable=g-import-not-at-top
+  from specdec import checkpoints, feature_drafter, network  # pylint: disable=g-import-not-at-top
+  cfg = network.t5_1_1_config('tiny', vocab_size=32)
+  target_params = network.init_params(cfg, jax.random.PRNGKey(0))
+  head_config = feature_drafter.FeatureHeadConfig(feature_dim=cfg.emb_dim, vocab_size=32, width=8, num_heads=2,
+                                                  head_dim=4, mlp_dim=16)
+  feature_drafter.save(str(tmp_path / 'head'), head_config,
+                       feature_drafter.init_params(head_config, jax.random.PRNGKey(1)),
+                       target_sha256=feature_drafter.params_sha256(target_params), draft_vocab_ids=[1, 5, 9, 20])
+  checkpoints.save_compact(str(tmp_path / 't5'), cfg, target_params)
+  with open(tmp_path / 'top2.json', 'w') as f:
+    f.write('[5, 20]')
+  _, _, own = compare_drafters.load_run_drafter('head', str(tmp_path), target_params)
+  np.testing.assert_array_equal(own, [1, 5, 9, 20])
+  _, _, replaced = compare_drafters.load_run_drafter(f'head@{tmp_path / "top2.json"}', str(tmp_path), target_params)
+  np.testing.assert_array_equal(replaced, [5, 20])
+  _, _, untrimmed = compare_drafters.load_run_drafter('t5', str(tmp_path), target_params)
+  assert untrimmed is None
+  _, _, trimmed = compare_drafters.load_run_drafter(f't5@{tmp_path / "top2.json"}', str(tmp_path), target_params)
+  np.testing.assert_array_equal(trimmed, [5, 20])
+
+
 def test_compare_drafters_table():
   import compare_drafters  # pylint: disable=g-import-not-at-top
   report = {'task': 'specdec_ende_local', 'temperature': 0.0, 'command': 'python scripts/compare_drafters.py',
@@ -228,6 +252,11 @@ def _distill_rows(n, with_reference=lambda i: True):
           for i in range(n)]
 
 
+class _Killed(Exception):
+  """The fake decoder's stand-in for a killed process (not KeyboardInterrupt: pytest and JAX's callbacks
+  treat that one as the user's own interrupt)."""
+
+
 class _FakeDecoder:
   """decode_batch: the text names the row and the batch's first sorted position; can fail after some calls."""
 
@@ -236,7 +265,7 @@ class _FakeDecoder:
 
   def __call__(self, first, idx):
     if self.fail_after is not None and len(self.calls) >= self.fail_after:
-      raise KeyboardInterrupt('killed')
+      raise _Killed('killed')
     self.calls.append((first, [int(i) for i in idx]))
     return [f'decode of {int(i)} in batch at {first}' for i in idx]
 
@@ -295,7 +324,7 @@ def test_distill_resumes_within_a_task_and_skips_finished_shards(tmp_path):
   import build_distill_corpus as bdc  # pylint: disable=g-import-not-at-top
   rows, lengths = _distill_rows(50), _lengths(50)
   killed = _FakeDecoder(fail_after=6)  # 4 shards of 3-4 batches: the first finishes, the second does not
-  with pytest.raises(KeyboardInterrupt):
+  with pytest.raises(_Killed):
     bdc.decode_task('t', rows, lengths, str(tmp_path), killed, 4, 16, log=lambda _: None)
   shards = sorted(os.listdir(tmp_path / bdc.SHARDS_DIR))
   assert shards == ['00000.jsonl', bdc.LAYOUT_NAME] and not (tmp_path / 'train.jsonl').exists()
@@ -313,7 +342,7 @@ def test_distill_resumes_within_a_task_and_skips_finished_shards(tmp_path):
 def test_distill_refuses_shards_of_another_layout(tmp_path):
   import build_distill_corpus as bdc  # pylint: disable=g-import-not-at-top
   rows, lengths = _distill_rows(50), _lengths(50)
-  with pytest.raises(KeyboardInterrupt):
+  with pytest.raises(_Killed):
     bdc.decode_task('t', rows, lengths, str(tmp_path), _FakeDecoder(fail_after=5), 4, 16, log=lambda _: None)
   with pytest.raises(SystemExit, match='another layout .*shard_size: 16 -> 8'):
     bdc.decode_task('t', rows, lengths, str(tmp_path), _FakeDecoder(), 4, 8, log=lambda _: None)
@@ -370,3 +399,15 @@ def test_profile_kernel_origin_table():
   assert '| norms | 6 | 3 | 6 | 0 |' in lines and '| MLP | 4 | 1 | 4 | 0 |' in lines
   assert '| **all** | 10 | 4 | 10 | 2 |' in lines
   assert profile_decode.kernel_origin_lines(None) == []
+
+
+def test_profile_drafter_call_table():
+  import profile_decode  # pylint: disable=g-import-not-at-top
+  dk = {'busy_us': 400.0, 'wall_us': 420.0, 'dot_share': 0.75,
+        'top': [{'kernel': 'dot.9', 'us': 100.0, 'shape': 'f32[1,2048]', 'largest_operand': 'f32[384,2048]'},
+                {'kernel': 'ThunkExecutor::Execute', 'us': 30.0, 'shape': '', 'largest_operand': ''}]}
+  lines = profile_decode.drafter_call_lines(dk, 0.002)
+  assert '| `dot.9` | 100.0 | `f32[1,2048]` | `f32[384,2048]` | 3.15 |' in lines
+  assert '| `ThunkExecutor::Execute` | 30.0 | | | |' in lines
+  assert any('**75% of it in matrix products**' in line and '2000 µs' in line for line in lines)
+  assert profile_decode.drafter_call_lines(None, 0.002) == []
