@@ -265,11 +265,12 @@ def drafter_call_lines(dk, target_call_s):
   if not dk:
     return []
   lines = ['## One drafter call, kernel by kernel (jax.profiler)', '',
-           f"32 1-token drafter calls in one jitted scan, as draft steps make them, traced: {dk['busy_us']:.0f} µs "
+           f"{dk['calls']} 1-token drafter calls in one jitted scan, as draft steps make them, traced: "
+           f"{dk['busy_us']:.0f} µs "
            f"of kernels a call ({dk['wall_us']:.0f} µs wall under the profiler; the 1-token target call: "
            f"{1e6 * target_call_s:.0f} µs untraced), **{100 * dk['dot_share']:.0f}% of it in matrix products**. "
            'The costliest kernels, each with the largest array it reads: a 1-row matrix product reads its '
-           'whole weight matrix, so its time follows the matrix\'s bytes, not the kernel count.', '',
+           'whole weight matrix, so compare its µs with that matrix\'s MB.', '',
            '| kernel | µs | output | largest operand | MB |', '|---|---|---|---|---|']
   for k in dk['top']:
     mb = profiling.shape_bytes(k['largest_operand']) / 1e6

@@ -937,7 +937,8 @@ def drafter_call_kernels(target_module, target_params, drafter_module, drafter_p
                     'largest_operand': largest, 'dot': is_dot})
   busy = sum(k['us'] for k in kernels)
   return {'busy_us': busy, 'wall_us': per_call(trace['wall_ms_per_call']),
-          'dot_share': dots / busy if busy else 0.0, 'kernels': len(kernels), 'top': kernels[:top]}
+          'dot_share': dots / busy if busy else 0.0, 'kernels': len(kernels), 'calls': num_calls,
+          'top': kernels[:top]}
 
 
 # ----------------------------------------------------------------------------------------------------------

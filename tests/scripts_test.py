@@ -253,8 +253,7 @@ def _distill_rows(n, with_reference=lambda i: True):
 
 
 class _Killed(Exception):
-  """The fake decoder's stand-in for a killed process (not KeyboardInterrupt: pytest and JAX's callbacks
-  treat that one as the user's own interrupt)."""
+  """The fake decoder's stand-in for a killed process: an exception no real Ctrl-C could be mistaken for."""
 
 
 class _FakeDecoder:
@@ -403,11 +402,12 @@ def test_profile_kernel_origin_table():
 
 def test_profile_drafter_call_table():
   import profile_decode  # pylint: disable=g-import-not-at-top
-  dk = {'busy_us': 400.0, 'wall_us': 420.0, 'dot_share': 0.75,
+  dk = {'busy_us': 400.0, 'wall_us': 420.0, 'dot_share': 0.75, 'calls': 32,
         'top': [{'kernel': 'dot.9', 'us': 100.0, 'shape': 'f32[1,2048]', 'largest_operand': 'f32[384,2048]'},
                 {'kernel': 'ThunkExecutor::Execute', 'us': 30.0, 'shape': '', 'largest_operand': ''}]}
   lines = profile_decode.drafter_call_lines(dk, 0.002)
   assert '| `dot.9` | 100.0 | `f32[1,2048]` | `f32[384,2048]` | 3.15 |' in lines
   assert '| `ThunkExecutor::Execute` | 30.0 | | | |' in lines
-  assert any('**75% of it in matrix products**' in line and '2000 µs' in line for line in lines)
+  assert any(line.startswith('32 1-token drafter calls') and '**75% of it in matrix products**' in line
+             and '2000 µs' in line for line in lines)
   assert profile_decode.drafter_call_lines(None, 0.002) == []
