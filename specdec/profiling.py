@@ -876,10 +876,11 @@ def trace_kernel_breakdown(fn: Callable[[], Any], calls: int = 3, logdir: Option
           'families': rows, 'top_kernels': top, 'device': has_device}
 
 
-def instruction_facts(hlo_text: str) -> Dict[str, Dict[str, str]]:
-  """{instruction name: {'opcode', 'shape', 'op_name', 'part', 'operands'}} of every instruction of a compiled
-  module's text. The runtime names its kernels after these instructions (`dot.99`, `ynn_fusion.3`), so a trace's
-  kernels can be told apart by what they compute; a fusion XLA made without a name is named by its ops."""
+def instruction_facts(hlo_text: str) -> Dict[str, Dict[str, Any]]:
+  """{instruction name: {'opcode', 'shape', 'op_name', 'part', 'operands', 'product'}} of every instruction of
+  a compiled module's text. The runtime names its kernels after these instructions (`dot.99`, `ynn_fusion.3`),
+  so a trace's kernels can be told apart by what they compute; a fusion XLA made without a name is named by its
+  ops. `product`: the instruction is a matrix product, or a fusion of one."""
   comps = _computations(hlo_text)
   out = {}
   for line in hlo_text.splitlines():
@@ -893,8 +894,10 @@ def instruction_facts(hlo_text: str) -> Dict[str, Dict[str, str]]:
       op_name = re.search(r'op_name="([^"]*)"', comps.get(called.group(1), ''))
     op_name = op_name.group(1) if op_name else ''
     operands = re.findall(r'%([\w.\-]+)', line[found.end():].split(')', 1)[0])
+    fused = comps.get(called.group(1), '') if called is not None else ''
     out[name] = {'opcode': opcode, 'shape': re.sub(r'\{[^{}]*\}', '', shape).strip(), 'op_name': op_name,
-                 'part': kernel_origin(op_name)[1], 'operands': operands}
+                 'part': kernel_origin(op_name)[1], 'operands': operands,
+                 'product': opcode == 'dot' or re.search(r'\sdot\(', fused) is not None}
   return out
 
 
@@ -917,18 +920,19 @@ def drafter_call_kernels(target_module, target_params, drafter_module, drafter_p
   """Where one 1-token drafter call's time goes (`drafter_calls`' scan under `jax.profiler`), in
   microseconds per call: its `top` costliest kernels, each with its output shape and its largest operand
   (for a matrix product, the weights it reads), from the compiled program's own text. `dot_share`: the
-  share of the call's kernel time spent in matrix products (XLA's `dot` kernels and YNNPACK's dot fusions).
+  share of the call's kernel time spent in matrix products (XLA's `dot` kernels and fusions of a product).
   Kernels the program does not name (the executor's own cost, thread-pool waits) have no shape."""
   calls, args = drafter_calls(target_module, target_params, drafter_module, drafter_params,
                               encoder_input_tokens, max_decode_length, num_calls, draft_vocab_ids)
-  facts = instruction_facts(calls.lower(*args).compile().as_text())
-  trace = trace_kernel_breakdown(lambda: calls(*args), top=10_000)
+  compiled = calls.lower(*args).compile()  # one compile, for both the text and the trace
+  facts = instruction_facts(compiled.as_text())
+  trace = trace_kernel_breakdown(lambda: compiled(*args), top=10_000)
   per_call = lambda ms: 1000 * ms / num_calls
   kernels, dots = [], 0.0
   for row in trace['top_kernels']:
     fact = facts.get(row['kernel'])
     us = per_call(row['ms_per_call'])
-    is_dot = fact is not None and (fact['opcode'] == 'dot' or row['kernel'].startswith('ynn_fusion'))
+    is_dot = fact is not None and fact['product']
     dots += us if is_dot else 0.0
     # A matrix-vector product reads its weights whole: name them by the largest operand.
     largest = max((facts[o]['shape'] for o in (fact or {}).get('operands', []) if o in facts),

@@ -299,10 +299,17 @@ _HAND_HLO = """HloModule m
   ROOT %t = f32[1,4]{1,0} tanh(%p0), metadata={op_name="jit(f)/head/mlp/tanh"}
 }
 
+%fused_product (a: f32[1,8], b: f32[8,4]) -> f32[1,4] {
+  %a = f32[1,8]{1,0} parameter(0)
+  %b = f32[8,4]{1,0} parameter(1)
+  ROOT %d = f32[1,4]{1,0} dot(%a, %b), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
 ENTRY %main (x: f32[1,8], w: f32[8,4]) -> f32[1,4] {
   %x = f32[1,8]{1,0} parameter(0)
   %w = f32[8,4]{0,1} parameter(1)
   %dot.7 = f32[1,4]{1,0} dot(%x, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %ynn_fusion.2 = f32[1,4]{1,0} fusion(%x, %w), kind=kCustom, calls=%fused_product
   ROOT %tanh_fusion = f32[1,4]{1,0} fusion(%dot.7), kind=kLoop, calls=%fused_computation
 }
 """
@@ -314,6 +321,8 @@ def test_instruction_facts_and_shape_bytes():
   assert facts['dot.7']['operands'] == ['x', 'w'] and facts['w']['shape'] == 'f32[8,4]'
   # A fusion without a name of its own is named by its ops: the MLP here.
   assert facts['tanh_fusion']['part'] == 'MLP' and facts['tanh_fusion']['operands'] == ['dot.7']
+  assert facts['dot.7']['product'] and facts['ynn_fusion.2']['product']
+  assert not facts['tanh_fusion']['product'] and not facts['w']['product']
   assert profiling.shape_bytes('f32[384,2048]') == 384 * 2048 * 4
   assert profiling.shape_bytes('bf16[3,5]') == 30 and profiling.shape_bytes('s32[]') == 4
   assert profiling.shape_bytes('(f32[2], s32[])') == 0
