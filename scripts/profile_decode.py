@@ -273,9 +273,11 @@ def drafter_call_lines(dk, target_call_s):
            'whole weight matrix, so compare its µs with that matrix\'s MB.', '',
            '| kernel | µs | output | largest operand | MB |', '|---|---|---|---|---|']
   for k in dk['top']:
+    if not k['largest_operand']:  # the runtime's own cost: no instruction, no shape
+      lines.append(f"| `{k['kernel']}` | {k['us']:.1f} | | | |")
+      continue
     mb = profiling.shape_bytes(k['largest_operand']) / 1e6
-    lines.append(f"| `{k['kernel']}` | {k['us']:.1f} | `{k['shape']}` | `{k['largest_operand']}` | "
-                 f"{mb:.2f} |" if k['largest_operand'] else f"| `{k['kernel']}` | {k['us']:.1f} | | | |")
+    lines.append(f"| `{k['kernel']}` | {k['us']:.1f} | `{k['shape']}` | `{k['largest_operand']}` | {mb:.2f} |")
   return lines + ['']
 
 

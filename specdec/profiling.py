@@ -603,6 +603,16 @@ def kernel_origin(op_name: str) -> Tuple[str, str]:
   return phase, part
 
 
+def _op_name(line: str, comps: Mapping[str, str]) -> str:
+  """An instruction line's op_name; for a fusion XLA made without one (e.g. a split reduction), its fused
+  ops' name; '' when neither has one."""
+  found = re.search(r'op_name="([^"]*)"', line)
+  called = re.search(r'calls=%?([\w.\-]+)', line)
+  if found is None and called is not None:
+    found = re.search(r'op_name="([^"]*)"', comps.get(called.group(1), ''))
+  return found.group(1) if found else ''
+
+
 def loop_kernels_by_origin(hlo_text: str) -> Dict[str, Dict[str, int]]:
   """Kernels per iteration of the largest `while` body (scatter expansions left out), by phase and part:
   {phase: {part: count}}; see `kernel_origin`. A fusion counts once, under its root's op_name."""
@@ -615,11 +625,7 @@ def loop_kernels_by_origin(hlo_text: str) -> Dict[str, Dict[str, int]]:
     found = _INSTRUCTION.match(line)
     if found is None or found.group(1) in _TRIVIAL:
       continue
-    op_name = re.search(r'op_name="([^"]*)"', line)
-    called = re.search(r'calls=%?([\w.\-]+)', line)
-    if op_name is None and called is not None:  # a fusion XLA made (e.g. a split reduction): its ops' name
-      op_name = re.search(r'op_name="([^"]*)"', comps.get(called.group(1), ''))
-    phase, part = kernel_origin(op_name.group(1) if op_name else '')
+    phase, part = kernel_origin(_op_name(line, comps))
     out.setdefault(phase, {})
     out[phase][part] = out[phase].get(part, 0) + 1
   return out
@@ -888,11 +894,8 @@ def instruction_facts(hlo_text: str) -> Dict[str, Dict[str, Any]]:
     if found is None:
       continue
     name, shape, opcode = found.groups()
-    op_name = re.search(r'op_name="([^"]*)"', line)
+    op_name = _op_name(line, comps)
     called = re.search(r'calls=%?([\w.\-]+)', line)
-    if op_name is None and called is not None:
-      op_name = re.search(r'op_name="([^"]*)"', comps.get(called.group(1), ''))
-    op_name = op_name.group(1) if op_name else ''
     operands = re.findall(r'%([\w.\-]+)', line[found.end():].split(')', 1)[0])
     fused = comps.get(called.group(1), '') if called is not None else ''
     out[name] = {'opcode': opcode, 'shape': re.sub(r'\{[^{}]*\}', '', shape).strip(), 'op_name': op_name,
