@@ -37,6 +37,10 @@ TARGET, DRAFTER = 'target', 'drafter'
 # decode, where gathering K strided columns of the [E, V] kernel costs about a
 # target call.
 DRAFT_PROJECTION = 'draft_projection'
+# Optional params entry for a feature head narrower than the target: its
+# logits kernel [W, K] (or [W, V]), its output map folded into the target's
+# projection once (`with_draft_projection`, `feature_drafter.logits_kernel`).
+DRAFT_LOGITS_KERNEL = 'draft_logits_kernel'
 
 
 def _vocab_size(module) -> int:
@@ -288,7 +292,7 @@ class SpeculativeEncoderDecoderModel:
           feature_drafter.decoder_fns(
               self.module, params[TARGET], self.drafter_module, params[DRAFTER],
               encoder_input_tokens, max_decode_length, self.draft_vocab_ids, constrain_cache,
-              projection_ek=projection_ek))
+              projection_ek=projection_ek, logits_kernel_wk=params.get(DRAFT_LOGITS_KERNEL)))
       decoder_params['draft_reads_features'] = True
     else:
       cache, tokens_to_logits = self.decoder_fns(
@@ -322,23 +326,32 @@ class SpeculativeEncoderDecoderModel:
     return decodes, aux
 
   def with_draft_projection(self, params: PyTree) -> PyTree:
-    """`params` plus the drafter's output projection over its draft vocabulary, sliced once.
+    """`params` plus what the drafter's logits read, prepared once for all the decodes they serve.
 
     A drafter with a trimmed vocabulary reads the K columns of an output
     projection (a T5 drafter's own, a feature head the target's); sliced
     inside every decode, that strided gather (and the copy to the layout the
     loop reads) is a per-example cost of about a target call on CPU. Slice it
-    here once for all the decodes these params serve. Without a draft
-    vocabulary, `params` unchanged.
+    here once (`DRAFT_PROJECTION`, [E, K]). A feature head narrower than the
+    target gets instead its output map folded into that projection
+    (`DRAFT_LOGITS_KERNEL`, [W, K], or [W, V] without a draft vocabulary;
+    `feature_drafter.folds_projection`). Otherwise `params` unchanged.
     """
-    if self.draft_vocab_ids is None:
+    folds = self.feature_drafting and feature_drafter.folds_projection(self.drafter_module.config)
+    if self.draft_vocab_ids is None and not folds:
       return params
     source = TARGET if self.feature_drafting else DRAFTER
     module = self.module if self.feature_drafting else self.drafter_module
-    ids = jnp.asarray(self.draft_vocab_ids, jnp.int32)
-    projection_ek = jax.jit(lambda p: module.apply({'params': p}, ids,
-                                                   method=module.projection_rows))(params[source])
-    return dict(params, **{DRAFT_PROJECTION: projection_ek})
+    ids = jnp.asarray(self.draft_vocab_ids if self.draft_vocab_ids is not None
+                      else np.arange(_vocab_size(module)), jnp.int32)
+
+    def prepare(source_params, drafter_params):
+      projection_ek = module.apply({'params': source_params}, ids, method=module.projection_rows)
+      if folds:
+        return {DRAFT_LOGITS_KERNEL: feature_drafter.logits_kernel(drafter_params, projection_ek)}
+      return {DRAFT_PROJECTION: projection_ek}
+
+    return dict(params, **jax.jit(prepare)(params[source], params[DRAFTER]))
 
   def compile_predict(self, decoder_params: Optional[Mapping[str, Any]] = None,
                       num_decodes: int = 1, return_all_decodes: bool = False,

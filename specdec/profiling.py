@@ -206,26 +206,43 @@ def time_chained_calls(target_module, target_params, drafter_module, drafter_par
                         repeats=repeats) / num_calls
 
 
+def _prepared_head_params(target_module, target_params, head, head_params,
+                          draft_vocab_ids: Optional[np.ndarray]) -> Dict[str, Any]:
+  """A feature head's decode params, prepared once as decodes get them
+  (`models.SpeculativeEncoderDecoderModel.with_draft_projection`): a slice or fold inside a timed program
+  would add its cost to every call it times."""
+  model = models.SpeculativeEncoderDecoderModel(target_module, head, draft_vocab_ids=draft_vocab_ids)
+  return model.with_draft_projection({models.TARGET: target_params, models.DRAFTER: head_params})
+
+
+def _head_decoder_fns(target_module, head, prepared: Dict[str, Any], enc, max_decode_length: int,
+                      draft_vocab_ids: Optional[np.ndarray]):
+  """`feature_drafter.decoder_fns` on `_prepared_head_params`' params, as a decode calls it."""
+  return feature_drafter.decoder_fns(
+      target_module, prepared[models.TARGET], head, prepared[models.DRAFTER], enc, max_decode_length,
+      draft_vocab_ids, projection_ek=prepared.get(models.DRAFT_PROJECTION),
+      logits_kernel_wk=prepared.get(models.DRAFT_LOGITS_KERNEL))
+
+
 def _head_calls(target_module, target_params, head, head_params, encoder_input_tokens: np.ndarray,
                 max_decode_length: int, num_calls: int, draft_vocab_ids: Optional[np.ndarray] = None):
   """(jitted fn, its args): `num_calls` 1-entry feature-head calls in one scan, each reading the feature the
   previous one predicted, as a draft step makes them (over `draft_vocab_ids` only when given, the
   projection sliced once outside, as decodes get it)."""
   enc = jnp.asarray(encoder_input_tokens)
-  _, _, head_cache0, _ = feature_drafter.decoder_fns(
-      target_module, target_params, head, head_params, enc, max_decode_length, draft_vocab_ids)
-  projection_ek, _ = _projection(target_module, target_params, draft_vocab_ids)
+  prepared = _prepared_head_params(target_module, target_params, head, head_params, draft_vocab_ids)
+  _, _, head_cache0, _ = _head_decoder_fns(target_module, head, prepared, enc, max_decode_length,
+                                           draft_vocab_ids)
   rows = enc.shape[0]
   span = max(max_decode_length - 1, 1)
   feature0 = jnp.zeros((rows, 1, head.config.feature_dim), jnp.float32)
 
   @jax.jit
-  def calls(target_params, head_params, projection_ek, head_cache, feature):
+  def calls(prepared, head_cache, feature):
     # Params are arguments, as the decode loops get them; the encoding and cache set-up decoder_fns does
     # here are unused and compiled away.
-    _, _, _, draft_fn = feature_drafter.decoder_fns(
-        target_module, target_params, head, head_params, enc, max_decode_length, draft_vocab_ids,
-        projection_ek=projection_ek)
+    _, _, _, draft_fn = _head_decoder_fns(target_module, head, prepared, enc, max_decode_length,
+                                          draft_vocab_ids)
 
     def body(carry, i):
       cache, feature_b1e, token_b = carry
@@ -235,7 +252,7 @@ def _head_calls(target_module, target_params, head, head_params, encoder_input_t
       return (cache, predicted.astype(feature_b1e.dtype), sampling.argmax(logits[:, -1])), None
     return jax.lax.scan(body, (head_cache, feature, jnp.full((rows,), 3, jnp.int32)), jnp.arange(num_calls))
 
-  return calls, (target_params, head_params, projection_ek, head_cache0, feature0)
+  return calls, (prepared, head_cache0, feature0)
 
 
 def time_head_calls(target_module, target_params, head, head_params, encoder_input_tokens: np.ndarray,
@@ -266,8 +283,9 @@ def _time_chained_head_calls(target_module, target_params, head, head_params, en
                              draft_vocab_ids: Optional[np.ndarray]) -> float:
   """`time_chained_calls` for a feature head: the target's call returns its features, the head's first step
   reads the last of them and each later step its own prediction (as drafting does)."""
-  target_cache0, target_fn, head_cache0, draft_fn = feature_drafter.decoder_fns(
-      target_module, target_params, head, head_params, enc, max_decode_length, draft_vocab_ids)
+  prepared = _prepared_head_params(target_module, target_params, head, head_params, draft_vocab_ids)
+  target_cache0, target_fn, head_cache0, draft_fn = _head_decoder_fns(
+      target_module, head, prepared, enc, max_decode_length, draft_vocab_ids)
   rows = enc.shape[0]
   span = max(max_decode_length - num_new_tokens - draft_steps, 1)
   sequences = jnp.zeros((rows, 1), jnp.int32)
@@ -340,9 +358,9 @@ def _prefilled_feature_pair(target_module, target_params, head, head_params, enc
   catch-up rewrites entries i..i+γ. Returns (target_cache, target_fn, head_cache, draft_fn, draft_features [B,
   γ+1, E], feature_start [B]). `draft_vocab_ids`: the head's trimmed vocabulary, or None.
   """
-  target_cache, target_fn, head_cache, draft_fn = feature_drafter.decoder_fns(
-      target_module, target_params, head, head_params, encoder_input_tokens, max_decode_length,
-      draft_vocab_ids)
+  prepared = _prepared_head_params(target_module, target_params, head, head_params, draft_vocab_ids)
+  target_cache, target_fn, head_cache, draft_fn = _head_decoder_fns(
+      target_module, head, prepared, encoder_input_tokens, max_decode_length, draft_vocab_ids)
   rows, length = prefix_bl.shape
   zeros_b = jnp.zeros((rows,), jnp.int32)
   _, features_bpe, target_cache = target_fn(decoding.DecodingState(

@@ -8,6 +8,7 @@ side: greedy outputs token for token, the cached head against the
 teacher-forced one, the unrolled training depths against the cached chain.
 """
 
+import dataclasses
 import functools
 
 import jax
@@ -294,6 +295,72 @@ def _sum_terms_bound(*counts):
   difference between a cached and a teacher-forced evaluation.
   """
   return 2 * sum(counts) * np.finfo(np.float32).eps
+
+
+class TestFoldedLogits:
+  """A head narrower than the target reads its logits through one folded [W, K] kernel."""
+
+  def _draft(self, nets, vocab_ids=None, **kw):
+    target, target_params, head, head_params = nets
+    enc = _encoder_inputs(2, 6)
+    _, _, head_cache, draft_fn = fd.decoder_fns(target, target_params, head, head_params, enc, 8,
+                                                vocab_ids, **kw)
+    rng = np.random.RandomState(7)
+    features = jnp.asarray(rng.randn(2, 3, TARGET.emb_dim), jnp.float32)
+    state = decoding.DecodingState(cur_index=jnp.zeros((2,), jnp.int32), sequences=jnp.zeros((2, 8), jnp.int32),
+                                   cur_token=jnp.asarray(rng.randint(2, TARGET.vocab_size, (2, 3)), jnp.int32),
+                                   cache=head_cache)
+    logits, predicted, _ = jax.jit(draft_fn)(state, features)
+    embedded = target.apply({'params': target_params}, state.cur_token, method=target.embed)
+    predicted_again, normed = head.apply({'params': head_params, 'cache': head_cache}, features, embedded,
+                                         state.cur_index, True, method=head.decode_step,
+                                         mutable=['cache'])[0]
+    return logits, predicted, predicted_again, normed
+
+  @pytest.mark.parametrize('trimmed', [False, True])
+  def test_folded_logits_are_the_two_maps(self, nets, trimmed):
+    target, target_params, head, head_params = nets
+    assert fd.folds_projection(head.config)  # 12 wide, 16-wide target
+    ids = jnp.arange(1, TARGET.vocab_size, 3) if trimmed else None
+    projection_ek = target.apply({'params': target_params},
+                                 ids if trimmed else jnp.arange(TARGET.vocab_size),
+                                 method=target.projection_rows)
+    kernel_wk = fd.logits_kernel(head_params, projection_ek)
+    assert kernel_wk.shape == (head.config.width, projection_ek.shape[1])
+    # Trimmed, the decode folds the kernel itself; over the whole vocabulary only when it is given.
+    logits, predicted, predicted_again, normed = self._draft(
+        nets, ids, **({} if trimmed else {'logits_kernel_wk': kernel_wk}))
+    unfuse_we = head_params['unfuse']['kernel']
+    want = np.asarray(predicted) @ np.asarray(projection_ek)
+    # The same sum of W * E products, grouped differently: float32 reordering over W + E terms.
+    magnitude = np.abs(np.asarray(normed)) @ np.abs(np.asarray(unfuse_we)) @ np.abs(np.asarray(projection_ek))
+    tol = _sum_terms_bound(head.config.width, head.config.feature_dim) * magnitude
+    got = np.asarray(logits)
+    if trimmed:
+      assert np.all(np.isneginf(np.delete(got, np.asarray(ids), axis=-1)))
+      got = got[..., np.asarray(ids)]
+    assert np.all(np.abs(got - want) <= tol)
+    assert np.abs(want).max() > 100 * tol.max()  # the bound is tight enough to catch a wrong kernel
+    # The feature the next draft step reads: the head's, as unfolded (compiled apart, so up to reordering).
+    cfg = head.config
+    feature_tol = _sum_terms_bound(8, 6, 2 * cfg.feature_dim, cfg.width, cfg.mlp_dim,
+                                   cfg.num_heads * cfg.head_dim) * cfg.num_layers * float(
+                                       np.abs(np.asarray(predicted)).max())
+    np.testing.assert_allclose(predicted, predicted_again, rtol=0, atol=feature_tol)
+
+  def test_the_folded_kernel_is_what_the_logits_read(self, nets):
+    ids = jnp.arange(1, TARGET.vocab_size, 3)
+    logits = self._draft(nets, ids, logits_kernel_wk=jnp.zeros((nets[2].config.width, ids.shape[0])))[0]
+    np.testing.assert_array_equal(np.asarray(logits)[..., np.asarray(ids)], 0.0)
+
+  def test_a_kernel_of_the_wrong_shape_is_refused(self, nets):
+    with pytest.raises(ValueError, match='folded logits kernel has shape'):
+      self._draft(nets, jnp.arange(1, TARGET.vocab_size, 3),
+                  logits_kernel_wk=jnp.zeros((nets[2].config.width, TARGET.vocab_size)))
+
+  def test_a_head_as_wide_as_the_target_does_not_fold(self):
+    assert not fd.folds_projection(dataclasses.replace(HEAD, width=16))
+    assert fd.folds_projection(dataclasses.replace(HEAD, width=15))
 
 
 class TestHead:

@@ -358,9 +358,12 @@ class TestFeatureHeadAndTrimmedDrafts:
       model = models.SpeculativeEncoderDecoderModel(
           network.Transformer(TARGET_CFG), network.Transformer(DRAFTER_CFG), draft_vocab_ids=ids)
     prepared = model.with_draft_projection(params)
-    width = TARGET_CFG.emb_dim if head else DRAFTER_CFG.emb_dim  # whose projection the drafts read
-    assert prepared[models.DRAFT_PROJECTION].shape == (width, len(ids))
-    assert set(prepared) == set(params) | {models.DRAFT_PROJECTION}
+    # A T5 drafter reads its own projection's K columns; the (narrower) head its kernel folded into the
+    # target's.
+    entry, width = ((models.DRAFT_LOGITS_KERNEL, self.HEAD_CFG.width) if head
+                    else (models.DRAFT_PROJECTION, DRAFTER_CFG.emb_dim))
+    assert prepared[entry].shape == (width, len(ids))
+    assert set(prepared) == set(params) | {entry}
     batch = _batch(seed=23)
     for settings, rng in (({'temperature': 0.0}, None), ({'temperature': 1.0, 'topk': 0}, 5)):
       predict = model.compile_predict(dict(settings, gamma=2, return_stats=True))
@@ -372,7 +375,7 @@ class TestFeatureHeadAndTrimmedDrafts:
         np.testing.assert_array_equal(got_aux['stats'][name], want_aux['stats'][name])
     # A zero projection (every draft logit 0: the first draft-vocabulary token drafted) is read:
     # the drafts change, the greedy output does not.
-    zeroed = dict(prepared, **{models.DRAFT_PROJECTION: jnp.zeros_like(prepared[models.DRAFT_PROJECTION])})
+    zeroed = dict(prepared, **{entry: jnp.zeros_like(prepared[entry])})
     predict = model.compile_predict({'temperature': 0.0, 'gamma': 2, 'return_stats': True})
     want, want_aux = predict(params, batch)
     got, got_aux = predict(zeroed, batch)
@@ -381,6 +384,28 @@ class TestFeatureHeadAndTrimmedDrafts:
 
   def test_no_draft_projection_without_a_draft_vocabulary(self, spec_model, params):
     assert spec_model.with_draft_projection(params) is params
+
+  def test_a_narrow_head_folds_its_whole_vocabulary_once(self, base_model, params):
+    """Without a draft vocabulary, a head narrower than the target still gets its [W, V] kernel, and reads it."""
+    model = self._feature_model()
+    fparams = {'target': params['target'],
+               'drafter': model.get_initial_params(jax.random.PRNGKey(4))['drafter']}
+    prepared = model.with_draft_projection(fparams)
+    assert set(prepared) == set(fparams) | {models.DRAFT_LOGITS_KERNEL}
+    assert prepared[models.DRAFT_LOGITS_KERNEL].shape == (self.HEAD_CFG.width, VOCAB)
+    batch = _batch(seed=24)
+    base, _ = base_model.compile_predict({'temperature': 0.0})(params, batch)
+    predict = model.compile_predict({'temperature': 0.0, 'gamma': 2, 'return_stats': True})
+    got, got_aux = predict(prepared, batch)
+    want, want_aux = predict(fparams, batch)
+    np.testing.assert_array_equal(got, base)
+    np.testing.assert_array_equal(want, base)
+    # The same logits up to float32 reordering: the same drafts kept.
+    np.testing.assert_array_equal(got_aux['stats']['accepted'], want_aux['stats']['accepted'])
+    zeroed = dict(prepared, **{models.DRAFT_LOGITS_KERNEL: jnp.zeros_like(prepared[models.DRAFT_LOGITS_KERNEL])})
+    got, zero_aux = predict(zeroed, batch)
+    np.testing.assert_array_equal(got, base)
+    assert not np.array_equal(zero_aux['stats']['accepted'], want_aux['stats']['accepted'])
 
   @pytest.mark.parametrize('ids, message', [
       ([3, 2], 'sorted and unique'), ([0, VOCAB], 'outside'), ([], 'non-empty'),

@@ -340,9 +340,9 @@ def test_drafter_call_kernels_names_the_products_and_their_weights(pair, which):
   assert report['kernels'] <= 100 and sum(k['us'] for k in report['top']) == pytest.approx(report['busy_us'])
   dots = [k for k in report['top'] if k['dot']]
   assert dots and all(k['largest_operand'] for k in dots)
-  # The trimmed projection [E, K] (the target's E for a head, the drafter's own for a T5 drafter) is one of
-  # the arrays the products read.
-  width = tm.config.emb_dim if which == 'head' else dm.config.emb_dim
+  # The trimmed projection [E, K] (a T5 drafter's own; a narrower head's kernel folded into the target's,
+  # [W, K]) is one of the arrays the products read.
+  width = dm.config.width if which == 'head' else dm.config.emb_dim
   assert f'f32[{width},{len(vocab_ids)}]' in {k['largest_operand'] for k in dots}
 
 
