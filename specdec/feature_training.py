@@ -235,7 +235,8 @@ class FeatureHeadTrainer(train.Trainer):
     section = config.feature_head
     train_record = {
         'step': step, 'mixture_or_task_name': config.data.mixture_or_task_name,
-        'corpus_dir': config.data.corpus_dir, 'target_dir': section.target_dir,
+        'corpus_dir': config.data.corpus_dir, 'equal_rates': config.data.equal_rates,
+        'target_dir': section.target_dir,
         'loss': {'ce_weight': section.ce_weight, 'feature_weight': section.feature_weight,
                  'unroll_steps': section.unroll_steps, 'step_decay': section.step_decay},
         'draft_vocab_file': section.draft_vocab_file, 'init_from_dir': config.init.init_from_dir,

@@ -447,10 +447,11 @@ class Trainer:
     """Registers corpus_dir's tasks; ValueError for a mesh, init or vocabulary that cannot be."""
     config = self.config
     data, partition, init = config.data, config.partitioning, config.init
-    if data.corpus_dir is not None:
-      if not os.path.isdir(data.corpus_dir):
-        raise FileNotFoundError(f'corpus_dir={data.corpus_dir!r} does not exist.')
-      tasks.register_local_tasks(data.corpus_dir)
+    if data.corpus_dir is not None and not os.path.isdir(data.corpus_dir):
+      raise FileNotFoundError(f'corpus_dir={data.corpus_dir!r} does not exist.')
+    if data.corpus_dir is not None or data.equal_rates:
+      tasks.register_local_tasks(
+          data.corpus_dir, mixture_rate=1.0 if data.equal_rates else tasks.rate_num_train_examples)
     check_mesh_args(data.batch_size, partition.num_partitions,
                     partition.parameter_partitioning_dims, jax.device_count())
     if init.init_from_t5x and init.init_from_dir:
@@ -701,6 +702,7 @@ class Trainer:
         'distill_weight': config.distill.distill_weight if distilled else None,
         'divergence': config.distill.divergence if distilled else None,
         'corpus_dir': config.data.corpus_dir,
+        'equal_rates': config.data.equal_rates,
         'init_from_dir': config.init.init_from_dir,
         'init_from_t5x': self.init_from_t5x,
         'mesh': partitioning.mesh_axis_sizes(self.mesh),

@@ -59,12 +59,16 @@ class DataConfig:
   `batch_size` is global: it must divide over the mesh's 'data' axis.
   `corpus_dir` (re)registers the local tasks on that corpus first (e.g. a
   distillation corpus from scripts/build_distill_corpus.py); None: the tasks
-  as registered ($SPECDEC_CORPUS_DIR or data/corpus).
+  as registered ($SPECDEC_CORPUS_DIR or data/corpus). `equal_rates`: the
+  local mixture draws its tasks equally often, instead of in proportion to
+  their train rows (e.g. a distillation corpus with 200,000 En->De rows and
+  30,000 summarization rows).
   """
   mixture_or_task_name: str = 'specdec_local_mix'
   feature_lengths: Mapping[str, int] = (('inputs', 128), ('targets', 64))
   batch_size: int = 32
   corpus_dir: Optional[str] = None
+  equal_rates: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

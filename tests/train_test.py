@@ -1002,3 +1002,25 @@ def test_a_misspelt_binding_is_one_line_and_trains_nothing(tmp_path):
   with pytest.raises(SystemExit, match="specdec.train: binding 'GAMA = 3'"):
     train.main(['--gin_file=train/cpu_drafter_d2.gin', f"--gin.MODEL_DIR='{tmp_path}/m'", '--gin.GAMA=3'])
   assert not os.path.exists(tmp_path / 'm')
+
+
+@pytest.mark.parametrize('equal_rates', [False, True])
+def test_the_mixture_rates_follow_equal_rates(tmp_path, equal_rates):
+  """equal_rates draws the local tasks equally often; otherwise in proportion to their train rows."""
+  import seqio  # pylint: disable=g-import-not-at-top
+  corpus = tmp_path / 'corpus'
+  shutil.copytree(FIXTURE_CORPUS, corpus)
+  train_file = corpus / tasks.TRANSLATION_CORPUS / 'train.jsonl'
+  lines = train_file.read_text().splitlines(keepends=True)
+  train_file.write_text(''.join(lines[:len(lines) // 2]))  # the tasks now differ in size
+  config = train_config.from_flat(str(tmp_path / 'm'), CFG, corpus_dir=str(corpus),
+                                  equal_rates=equal_rates, batch_size=_batch_size())
+  try:
+    train.Trainer(config)
+    mixture = seqio.get_mixture_or_task(tasks.LOCAL_MIXTURE)
+    rates = [mixture.get_rate(seqio.get_mixture_or_task(name)) for name in tasks.LOCAL_TASKS]
+    rows = [tasks.rate_num_train_examples(seqio.get_mixture_or_task(name)) for name in tasks.LOCAL_TASKS]
+    assert rows[0] != rows[1]
+    assert rates == ([1.0, 1.0] if equal_rates else rows)
+  finally:
+    tasks.register_local_tasks(corpus_dir=FIXTURE_CORPUS)
