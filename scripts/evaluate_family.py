@@ -5,7 +5,8 @@
 For every network in <models>/ (target, d1, d1kd, d1s, d2, d3; those present): validation loss is read
 from its config, BLEU on the local En→De test split and ROUGE on the local
 summarization test split come from greedy decodes here. For every drafter
-(unigram, bigram, d3, d2, d1s, d1kd, d1; those present): speculative decoding with the target on both
+(unigram, bigram, trigram, d3, d2, d1s, d1kd, d1, and the feature heads f128mix, f128, f256, which read the
+target's own features, each over the draft vocabulary it ships; those present): speculative decoding with the target on both
 test splits at temperature 0 and 1 gives α two ways (accepted / judged, and
 the mean of Σ min(p, q) over verified positions) next to the paper's Table 3,
 and at temperature 0 the share of outputs identical to the target's baseline.
@@ -38,7 +39,8 @@ from specdec import tasks
 TASKS = {'ende': tasks.ENDE_LOCAL_TASK, 'summarize': tasks.SUMMARIZE_LOCAL_TASK}
 NETWORKS = ('target', 'd1', 'd1kd', 'd1s', 'd2', 'd3')  # each evaluated if <models>/<name> exists
 NGRAMS = ('unigram', 'bigram', 'trigram')
-DRAFTERS = NGRAMS + ('d3', 'd2', 'd1s', 'd1kd', 'd1')
+HEADS = ('f128mix', 'f128', 'f256')  # feature heads (specdec/feature_drafter.py): drafters, not networks
+DRAFTERS = NGRAMS + ('d3', 'd2', 'd1s', 'd1kd', 'd1') + HEADS
 # PAPER.md Table 3, T5-XXL rows (t=0 / t=1); the paper's drafters differ.
 PAPER_TABLE3 = {
     'ende': {'unigram': (0.08, 0.07), 'bigram': (0.20, 0.19),
@@ -85,10 +87,11 @@ def quality(name, module, params, lengths, max_examples, batch_size):
 
 def acceptance(target, drafter, lengths, max_examples, batch_size, gamma,
                temperatures=(0.0, 1.0)):
-  """α and identity for one drafter on both tasks and temperatures."""
-  (t_module, t_params), (d_module, d_params) = target, drafter
-  params = {'target': t_params, 'drafter': d_params}
-  spec = models.SpeculativeEncoderDecoderModel(t_module, d_module)
+  """α and identity for one drafter ((module, params) or, with its draft vocabulary, (module, params, ids)) on both
+  tasks and temperatures."""
+  (t_module, t_params), (d_module, d_params, *vocab) = target, drafter
+  spec = models.SpeculativeEncoderDecoderModel(t_module, d_module, draft_vocab_ids=(vocab or [None])[0])
+  params = spec.with_draft_projection({'target': t_params, 'drafter': d_params})
   base = models.SpeculativeEncoderDecoderModel(
       t_module, None, decode_fn=decoding.temperature_sample)
   out = {}
@@ -155,6 +158,10 @@ def main():
       loaded[name] = loading.load_module_and_params(path)
   if 'target' not in loaded:
     raise SystemExit(f'No target model in {args.models}/target.')
+  for name in HEADS:
+    path = os.path.join(args.models, name)
+    if os.path.isdir(path):
+      loaded[name] = loading.load_drafter(path, loaded['target'][1])
   target_config = loaded['target'][0].config
 
   report = {'command': command, 'date': datetime.date.today().isoformat(),

@@ -282,7 +282,9 @@ def model_card(config: feature_drafter.FeatureHeadConfig, params: PyTree,
                                 f'`{train_record["draft_vocab_file"]}`)'),
       f'- Loss: {json.dumps(train_record["loss"])}.',
       f'- Data: `{train_record["mixture_or_task_name"]}` on '
-      f'`{train_record["corpus_dir"] or "the registered corpus"}`.',
+      f'`{train_record["corpus_dir"] or "the registered corpus"}`'
+      + (', its tasks drawn equally often.' if train_record.get('equal_rates') else '.'),
+      f'- Initialised from: `{train_record.get("init_from_dir") or "random"}`.',
       f'- Training: {train_record["step"]} steps, {train_record["minutes"]:.1f} minutes over '
       f'{len(train_record["runs"])} run(s):']
   lines += [f'  - `{r["command"]}`: steps {r["from_step"]}→{r["to_step"]}, {r["minutes"]:.1f} min'

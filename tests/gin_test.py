@@ -239,7 +239,7 @@ def test_the_issue_reproduction_gamma_typo_is_refused():
 @pytest.mark.parametrize('path, bindings', [
     # The README's and the scripts' command lines.
     ('experiments/cpu/table2/ende_d1_t0.gin', ["OUTPUT_DIR = 'runs/x'", 'GAMMA = 6']),
-    ('experiments/cpu/main_job.gin', ['GAMMA = 3', 'DRAFT_CONFIDENCE = 0.0', "BEST_DRAFTER = 'd1'",
+    ('experiments/cpu/main_job.gin', ['GAMMA = 3', 'DRAFT_CONFIDENCE = 0.0', "ENDE_DRAFTER = 'd1'", "SUMMARIZE_DRAFTER = 'd1'",
                                       'run_config.DataConfig.max_examples = 2']),
     ('experiments/cpu/table2/ende_d1_t0.gin', ["OUTPUT_DIR = 'x'", "DRAFTER_CHECKPOINT = 'models/cpu/d3'",
                                                "TARGET_CHECKPOINT = 'models/cpu/target'",

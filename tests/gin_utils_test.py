@@ -224,4 +224,4 @@ class TestMacroValues:
 
   def test_the_main_job(self):
     values = gin_utils.macro_values(['experiments/cpu/main_job.gin'])
-    assert {'GAMMA', 'BEST_DRAFTER', 'OUTPUT_DIR', 'TARGET_CHECKPOINT', 'DRAFT_CONFIDENCE'} <= set(values)
+    assert {'GAMMA', 'ENDE_DRAFTER', 'SUMMARIZE_DRAFTER', 'OUTPUT_DIR', 'TARGET_CHECKPOINT', 'DRAFT_CONFIDENCE'} <= set(values)

@@ -334,7 +334,7 @@ def test_help_lists_modes_gin_folders_and_the_main_jobs_macros(capsys):
     for folder in ('models', 'tasks', 'decoding', 'experiments', 'train'):
       assert f'  gin/{folder}: ' in text
     values = gin_utils.macro_values([main.DEFAULT_GIN_FILE])
-    for macro in ('GAMMA', 'BEST_DRAFTER', 'OUTPUT_DIR', 'TARGET_CHECKPOINT', 'DRAFT_CONFIDENCE'):
+    for macro in ('GAMMA', 'ENDE_DRAFTER', 'SUMMARIZE_DRAFTER', 'OUTPUT_DIR', 'TARGET_CHECKPOINT', 'DRAFT_CONFIDENCE'):
       assert f'  {macro} = {values[macro]!r}\n' in text + '\n'
 
 
@@ -344,7 +344,7 @@ def test_help_as_a_command_exits_0_and_an_error_exits_2_with_one_line(tmp_path):
   done = subprocess.run([sys.executable, '-m', 'specdec.main', '--gin.GAMMA=0',
                          f"--gin.OUTPUT_DIR='{tmp_path / 'out'}'"], capture_output=True, text=True)
   assert done.returncode == 2
-  assert done.stderr == 'specdec: table row 1 (specdec_ende_local, bigram): gamma must be an int >= 1, got 0.\n'
+  assert done.stderr == 'specdec: table row 1 (specdec_ende_local, f128): gamma must be an int >= 1, got 0.\n'
   assert not (tmp_path / 'out').exists()
 
 
