@@ -6,6 +6,8 @@
 
 A drafter is a directory or a name in --models: a T5 network, an n-gram model or a feature head (which drafts
 from the target's own features); DRAFTER@VOCAB_FILE trims a T5 drafter's vocabulary to the ids in VOCAB_FILE.
+DRAFTER:GAMMA/CONFIDENCE drafts adaptively: a row stops drafting in a round after a draft its drafter gives less
+than CONFIDENCE (`draft_confidence`; e.g. f128:3/0.5).
 
 For each batch of the first --examples test examples (--batch_size, default 1) the baseline and every
 speculative setting run in turn, --repeats times, keeping each batch's fastest run
@@ -44,11 +46,26 @@ LENGTHS = {'inputs': 96, 'targets': 48}
 
 
 def parse_run(text: str):
-  """'drafter:γ' or 'drafter@vocab.json:γ' -> (drafter, γ); the vocabulary stays in the name."""
-  drafter, _, gamma = text.rpartition(':')
-  if not drafter or not gamma.isdigit() or int(gamma) < 1:
-    raise argparse.ArgumentTypeError(f'a run is DRAFTER[@VOCAB_FILE]:GAMMA with GAMMA >= 1, got {text!r}')
-  return drafter, int(gamma)
+  """'drafter:γ', 'drafter@vocab.json:γ' or either with '/confidence' -> (drafter, γ, draft_confidence);
+  the vocabulary stays in the name."""
+  drafter, _, setting = text.rpartition(':')
+  gamma, slash, confidence = setting.partition('/')
+  bad = argparse.ArgumentTypeError(f'a run is DRAFTER[@VOCAB_FILE]:GAMMA[/CONFIDENCE] with GAMMA >= 1 and '
+                                   f'CONFIDENCE in (0, 1), got {text!r}')
+  if not drafter or not gamma.isdigit() or int(gamma) < 1 or (slash and not confidence):
+    raise bad
+  try:
+    draft_confidence = float(confidence) if confidence else 0.0
+  except ValueError:
+    raise bad from None
+  if confidence and not 0.0 < draft_confidence < 1.0:
+    raise bad
+  return drafter, int(gamma), draft_confidence
+
+
+def run_name(drafter: str, gamma: int, draft_confidence: float) -> str:
+  """The row's name: 'drafter:γ', with '/confidence' when drafting adaptively."""
+  return f'{drafter}:{gamma}' + (f'/{draft_confidence:g}' if draft_confidence else '')
 
 
 def load_run_drafter(name: str, models_dir: str, target_params):
@@ -75,19 +92,20 @@ def compare(args) -> dict:
       lambda name, shrink: name)
   base = models.SpeculativeEncoderDecoderModel(target_module, None, decode_fn=decoding.temperature_sample)
   drafters = {drafter: load_run_drafter(drafter, args.models, target_params)
-              for drafter, _ in args.runs}
+              for drafter, _, _ in args.runs}
   decoders = {}
   for shrink in modes:
     sampling_params = {'temperature': args.temperature, 'topk': 0, 'topp': 0.0, 'shrink_batch': shrink}
     decoders[label('baseline', shrink)] = functools.partial(base.compile_predict(sampling_params),
                                                             {'target': target_params})
-    for drafter, gamma in args.runs:
+    for drafter, gamma, confidence in args.runs:
       drafter_module, drafter_params, vocab_ids = drafters[drafter]
       spec = models.SpeculativeEncoderDecoderModel(target_module, drafter_module,
                                                    decode_fn=decoding.speculative_sample,
                                                    draft_vocab_ids=vocab_ids)
-      predict = spec.compile_predict(dict(sampling_params, gamma=gamma, return_stats=True))
-      decoders[label(f'{drafter}:{gamma}', shrink)] = functools.partial(
+      predict = spec.compile_predict(dict(sampling_params, gamma=gamma, return_stats=True,
+                                          **({'draft_confidence': confidence} if confidence else {})))
+      decoders[label(run_name(drafter, gamma, confidence), shrink)] = functools.partial(
           predict, spec.with_draft_projection({'target': target_params, 'drafter': drafter_params}))
   timed = profiling.time_side_by_side(decoders, batches, repeats=args.repeats)
 
@@ -105,8 +123,8 @@ def compare(args) -> dict:
                    'speedup_vs_full_batch_baseline': sum(plain['seconds']) / sum(baseline['seconds']),
                    'alpha': None, 'tokens_per_call': None, 'round_in_baseline_tokens': None,
                    'identical': (_identical(baseline, plain) if args.temperature == 0 else None)})
-    for drafter, gamma in args.runs:
-      entry = timed[label(f'{drafter}:{gamma}', shrink)]
+    for run in args.runs:
+      entry = timed[label(run_name(*run), shrink)]
       stats = [jax.tree_util.tree_map(np.asarray, out[1]['stats']) for out in entry['outputs']]
       rounds = [int(s['target_calls'].max()) for s in stats]
       judged = sum(int(s['judged'].sum()) for s in stats)
@@ -117,7 +135,7 @@ def compare(args) -> dict:
         except ValueError:  # every example took the same number of rounds
           pass
       rows.append({
-          'run': label(f'{drafter}:{gamma}', shrink),
+          'run': label(run_name(*run), shrink),
           'speedup': sum(baseline['seconds']) / sum(entry['seconds']),
           'speedup_vs_full_batch_baseline': sum(plain['seconds']) / sum(entry['seconds']),
           'alpha': reporting.acceptance_rate(sum(int(s['accepted'].sum()) for s in stats), judged),
@@ -171,7 +189,7 @@ def markdown(report: dict) -> str:
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--models', default='models/cpu_v2')
-  parser.add_argument('--runs', nargs='+', type=parse_run, required=True, help='DRAFTER:GAMMA ...')
+  parser.add_argument('--runs', nargs='+', type=parse_run, required=True, help='DRAFTER[@VOCAB_FILE]:GAMMA[/CONFIDENCE] ...')
   parser.add_argument('--task', choices=sorted(TASKS), default='ende')
   parser.add_argument('--temperature', type=float, default=0.0)
   parser.add_argument('--examples', type=int, default=32)

@@ -227,8 +227,8 @@ def _head_decoder_fns(target_module, head, prepared: Dict[str, Any], enc, max_de
 def _head_calls(target_module, target_params, head, head_params, encoder_input_tokens: np.ndarray,
                 max_decode_length: int, num_calls: int, draft_vocab_ids: Optional[np.ndarray] = None):
   """(jitted fn, its args): `num_calls` 1-entry feature-head calls in one scan, each reading the feature the
-  previous one predicted, as a draft step makes them (over `draft_vocab_ids` only when given, the
-  projection sliced once outside, as decodes get it)."""
+  previous one predicted, as a draft step makes them (over `draft_vocab_ids` only when given; the projection
+  sliced, or the head's logits kernel folded, once outside, as decodes get it)."""
   enc = jnp.asarray(encoder_input_tokens)
   prepared = _prepared_head_params(target_module, target_params, head, head_params, draft_vocab_ids)
   _, _, head_cache0, _ = _head_decoder_fns(target_module, head, prepared, enc, max_decode_length,

@@ -134,11 +134,15 @@ def test_ablate_refuses_runs_from_before_fingerprints(tmp_path):
 def test_compare_drafters_parses_runs_and_refuses_bad_ones():
   import argparse
   import compare_drafters  # pylint: disable=g-import-not-at-top
-  assert compare_drafters.parse_run('trigram:2') == ('trigram', 2)
-  assert compare_drafters.parse_run('models/cpu/d1:3') == ('models/cpu/d1', 3)
-  assert compare_drafters.parse_run('d1kd@vocab/top2048.json:2') == ('d1kd@vocab/top2048.json', 2)
-  for bad in ('trigram', 'trigram:0', ':2', 'trigram:x'):
-    with pytest.raises(argparse.ArgumentTypeError, match=r'DRAFTER\[@VOCAB_FILE\]:GAMMA'):
+  assert compare_drafters.parse_run('trigram:2') == ('trigram', 2, 0.0)
+  assert compare_drafters.parse_run('models/cpu/d1:3') == ('models/cpu/d1', 3, 0.0)
+  assert compare_drafters.parse_run('d1kd@vocab/top2048.json:2') == ('d1kd@vocab/top2048.json', 2, 0.0)
+  assert compare_drafters.parse_run('f128@v/top1024.json:3/0.5') == ('f128@v/top1024.json', 3, 0.5)
+  assert compare_drafters.run_name('f128', 3, 0.5) == 'f128:3/0.5'
+  assert compare_drafters.run_name('f128', 1, 0.0) == 'f128:1'
+  for bad in ('trigram', 'trigram:0', ':2', 'trigram:x', 'trigram:2/', 'trigram:2/1', 'trigram:2/0', 'trigram:2/x',
+              'trigram:2/-0.5'):
+    with pytest.raises(argparse.ArgumentTypeError, match=r'DRAFTER\[@VOCAB_FILE\]:GAMMA\[/CONFIDENCE\]'):
       compare_drafters.parse_run(bad)
 
 
