@@ -103,8 +103,8 @@ def compare(args) -> dict:
       spec = models.SpeculativeEncoderDecoderModel(target_module, drafter_module,
                                                    decode_fn=decoding.speculative_sample,
                                                    draft_vocab_ids=vocab_ids)
-      predict = spec.compile_predict(dict(sampling_params, gamma=gamma, return_stats=True,
-                                          **({'draft_confidence': confidence} if confidence else {})))
+      predict = spec.compile_predict(dict(sampling_params, gamma=gamma, draft_confidence=confidence,
+                                          return_stats=True))
       decoders[label(run_name(drafter, gamma, confidence), shrink)] = functools.partial(
           predict, spec.with_draft_projection({'target': target_params, 'drafter': drafter_params}))
   timed = profiling.time_side_by_side(decoders, batches, repeats=args.repeats)

@@ -258,9 +258,9 @@ def _head_calls(target_module, target_params, head, head_params, encoder_input_t
 def time_head_calls(target_module, target_params, head, head_params, encoder_input_tokens: np.ndarray,
                     max_decode_length: int, num_calls: int = 32, repeats: int = 5,
                     draft_vocab_ids: Optional[np.ndarray] = None) -> float:
-  """Median seconds of one 1-entry feature-head call (embedding, head, the target's projection, over
-  `draft_vocab_ids` only when given, as the head decodes), as a draft step makes it: each call reads the
-  feature the previous one predicted, in one jitted scan."""
+  """Median seconds of one 1-entry feature-head call (embedding, head, its logits as the head decodes them:
+  over `draft_vocab_ids` only when given, through the folded kernel when it folds), as a draft step makes it:
+  each call reads the feature the previous one predicted, in one jitted scan (`_head_calls`)."""
   calls, args = _head_calls(target_module, target_params, head, head_params, encoder_input_tokens,
                             max_decode_length, num_calls, draft_vocab_ids)
   return median_seconds(calls, *args, repeats=repeats) / num_calls
