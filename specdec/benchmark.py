@@ -36,7 +36,6 @@ import numpy as np
 
 from specdec import batch_shrink
 from specdec import decoding
-from specdec import evaluation
 from specdec import feature_drafter
 from specdec import fileio
 from specdec import fingerprint
@@ -320,6 +319,7 @@ def validate(models: ModelPair, setting: Setting) -> None:
 
 def load_examples(data: TaskSplit) -> List[Dict[str, Any]]:
   """The split's examples (`evaluation.task_examples`); ValueError when there are none."""
+  from specdec import evaluation  # pylint: disable=g-import-not-at-top
   examples = evaluation.task_examples(data.task, data.split, data.lengths, data.max_examples)
   if not examples:
     raise ValueError(f'{data.task}:{data.split} gave no examples.')
@@ -457,6 +457,7 @@ def _resume(examples_path: str, num_examples: int) -> Dict[int, dict]:
 
 def _quality(task, records: Sequence[Mapping[str, Any]], examples) -> Dict[str, Dict[str, float]]:
   """The task's metrics of both decoders' outputs."""
+  from specdec import evaluation  # pylint: disable=g-import-not-at-top
   return {
       'baseline': evaluation.score_predictions(task, [r['baseline_text'] for r in records], examples),
       'speculative': evaluation.score_predictions(task, [r['speculative_text'] for r in records], examples),

@@ -54,13 +54,14 @@ _COST_ALPHA = 0.9
 @dataclasses.dataclass(frozen=True)
 class Settings:
   """The grid: acceptance rates α*, γs, batch sizes; timed repeats per batch; the oracle's seed; the
-  longest target call of the verify-cost curve."""
+  longest target call of the verify-cost curve; timed repeats of each in-loop cost."""
   alphas: Tuple[float, ...] = ALPHAS
   gammas: Tuple[int, ...] = GAMMAS
   batch_sizes: Tuple[int, ...] = BATCH_SIZES
   repeats: int = 3
   seed: int = 0
   max_verify_tokens: int = 16
+  cost_repeats: int = 5
 
   def validate(self) -> None:
     if not self.alphas or any(not 0.0 <= a <= 1.0 for a in self.alphas):
@@ -69,8 +70,8 @@ class Settings:
       raise ValueError(f'gammas must be integers >= 1, got {self.gammas!r}.')
     if not self.batch_sizes or any(b < 1 for b in self.batch_sizes):
       raise ValueError(f'batch_sizes must be >= 1, got {self.batch_sizes!r}.')
-    if self.repeats < 1:
-      raise ValueError(f'repeats must be >= 1, got {self.repeats!r}.')
+    if self.repeats < 1 or self.cost_repeats < 1:
+      raise ValueError(f'repeats and cost_repeats must be >= 1, got {self.repeats!r} and {self.cost_repeats!r}.')
     if max(self.gammas) + 1 > self.max_verify_tokens:
       raise ValueError(f'max_verify_tokens ({self.max_verify_tokens}) must cover the widest verify call, '
                        f'γ + 1 = {max(self.gammas) + 1}.')
@@ -112,7 +113,8 @@ def _stats_row(stats, rows: int) -> Dict[str, List[int]]:
 def measure(target_module, target_params, examples: Sequence[Mapping[str, Any]], lengths: Mapping[str, int],
             settings: Settings = Settings(),
             shipped: Optional[Mapping[str, Tuple[Any, Any, int]]] = None,
-            state_path: Optional[str] = None, log: Callable[[str], None] = print) -> Dict[str, Any]:
+            state_path: Optional[str] = None, log: Callable[[str], None] = print,
+            verify_curves: Optional[Mapping[int, Mapping[str, Any]]] = None) -> Dict[str, Any]:
   """Measures the ceiling grid (see the module docstring); returns the state (`report` reads it).
 
   Args:
@@ -124,8 +126,16 @@ def measure(target_module, target_params, examples: Sequence[Mapping[str, Any]],
       report can place them under the ceiling.
     state_path: the resumable state file (None: nothing written).
     log: progress lines.
+    verify_curves: {batch size: `profiling.verify_cost_curve` of this target on the first batch's inputs}
+      already measured by the caller, used instead of measuring them again; each must cover k = 1..
+      `settings.max_verify_tokens`.
   """
   settings.validate()
+  verify_curves = dict(verify_curves or {})
+  for batch_size, curve in verify_curves.items():
+    if list(curve['tokens']) != list(range(1, settings.max_verify_tokens + 1)):
+      raise ValueError(f'the given verify-cost curve of batch {batch_size} covers k = {list(curve["tokens"])}, '
+                       f'not 1..{settings.max_verify_tokens}.')
   shipped = dict(shipped or {})
   vocab_size = target_module.config.vocab_size
   for name, (module, _, gamma) in shipped.items():
@@ -159,6 +169,9 @@ def measure(target_module, target_params, examples: Sequence[Mapping[str, Any]],
     _, first = batches[0]
     first_decodes = np.asarray(base_predict(target_only, first)[0])
     costs = state.data['costs'].setdefault(key, {})
+    if 'verify_curve' not in costs and batch_size in verify_curves:
+      costs['verify_curve'] = dict(verify_curves[batch_size])
+      state.save()
     if 'verify_curve' not in costs:
       log(f'[batch {batch_size}] verify-cost curve, k = 1..{settings.max_verify_tokens} tokens a call')
       costs['verify_curve'] = profiling.verify_cost_curve(
@@ -175,7 +188,7 @@ def measure(target_module, target_params, examples: Sequence[Mapping[str, Any]],
         sub = {k: v[:rows] for k, v in first.items()}
         params = oracle.oracle_params(first_decodes[:rows], _COST_ALPHA, np.arange(rows), settings.seed)
         in_loop[cost_key] = profiling.in_loop_costs(target_module, target_params, oracle_module, params, sub,
-                                                    first_decodes[0], gamma, greedy)
+                                                    first_decodes[0], gamma, greedy, repeats=settings.cost_repeats)
         state.save()
 
     done = state.data['batches'].setdefault(key, [])

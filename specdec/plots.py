@@ -104,3 +104,47 @@ def plot_ceiling(path: str, rep: Mapping[str, Any]) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc='upper left')
   save_png(fig, path)
+
+
+def plot_accelerator(path: str, rep: Mapping[str, Any]) -> None:
+  """The accelerator check's figure: each target's verify-cost curve (left) and, where measured, the ceiling's
+  speedup against α, measured with the oracle (points) and with the small drafter's in-loop cost (dashed)."""
+  plt = pyplot()
+  ceil = rep.get('ceiling')
+  fig, axes = plt.subplots(1, 2 if ceil else 1, figsize=(12.4 if ceil else 6.2, 4.6), squeeze=False)
+  ax = axes[0][0]
+  for target, by_batch in rep['verify_curves'].items():
+    for batch, curve in sorted(by_batch.items(), key=lambda kv: int(kv[0])):
+      ax.plot(curve['tokens'], curve['ratio'], 'o-' if batch == '1' else 's--', ms=3,
+              label=f'{target}, batch {batch}')
+  ax.axhline(1.0, color='grey', lw=0.8)
+  ax.set_xlabel('k tokens in one target call')
+  ax.set_ylabel('cost over a 1-token call')
+  ax.set_title(f"verify-cost curves, {rep['machine']['device_kind']}", fontsize=9)
+  ax.grid(alpha=0.3)
+  if rep['verify_curves']:
+    ax.legend(fontsize=7)
+  if ceil:
+    ax = axes[0][1]
+    gammas = sorted({r['gamma'] for r in ceil['report']['rows']})
+    colours = plt.get_cmap('viridis')(np.linspace(0.0, 0.9, len(gammas)))
+    for colour, g in zip(colours, gammas):
+      mine = sorted((r for r in ceil['report']['rows'] if r['gamma'] == g), key=lambda r: r['alpha_measured'])
+      ax.plot([r['alpha_measured'] for r in mine], [r['measured_speedup'] for r in mine], 'o', color=colour,
+              label=f'γ = {g}, oracle')
+      drafted = sorted((r for r in ceil.get('with_drafter', []) if r['gamma'] == g),
+                       key=lambda r: r['alpha_measured'])
+      if drafted:
+        ax.plot([r['alpha_measured'] for r in drafted], [r['speedup'] for r in drafted], '--', color=colour,
+                label=f"γ = {g}, {ceil['drafter']}'s c")
+    paper = rep['paper']
+    ax.plot([paper['alpha']], [paper['speedup']], 'k*', ms=11)
+    ax.annotate(f"paper: T5-small, {paper['chip']}", (paper['alpha'], paper['speedup']),
+                textcoords='offset points', xytext=(4, -12), fontsize=8)
+    ax.axhline(1.0, color='grey', lw=0.8)
+    ax.set_xlabel('α (accepted / judged)')
+    ax.set_ylabel('speedup over the baseline, batch 1')
+    ax.set_title(f"{ceil['target']} shape, {ceiling_report.CONTROLLED}", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc='upper left')
+  save_png(fig, path)

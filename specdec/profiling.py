@@ -72,11 +72,17 @@ def fastest_interleaved(calls: Mapping[str, Tuple[Callable[..., Any], tuple]], r
 
 
 def _fresh_cache(module, params, enc: jax.Array, max_decode_length: int):
-  """The decode cache of `module` for encoder inputs `enc` (encoded once)."""
-  encoded = module.apply({'params': params}, enc, enable_dropout=False, method=module.encode)
-  _, variables = module.apply({'params': params}, encoded, enc, max_decode_length,
-                              method=module.init_cache, mutable=['cache'])
-  return variables.get('cache', {})
+  """The decode cache of `module` for encoder inputs `enc` (encoded once).
+
+  Compiled as one program: run op by op, the encoder and cache set-up cost hundreds of small compiles per
+  timed program, which dominated a short profile.
+  """
+  def build(params, enc):
+    encoded = module.apply({'params': params}, enc, enable_dropout=False, method=module.encode)
+    _, variables = module.apply({'params': params}, encoded, enc, max_decode_length,
+                                method=module.init_cache, mutable=['cache'])
+    return variables.get('cache', {})
+  return jax.jit(build)(params, enc)
 
 
 def _projection(module, params, vocab_ids: Optional[np.ndarray]
@@ -109,7 +115,7 @@ def _call(module, params, cache, tokens_bk, position, projection_ek=None, ids=No
   return new_vars.get('cache', {}), sampling.argmax(logits[:, -1])
 
 
-def _decode_calls(module, params, encoder_input_tokens: np.ndarray, max_decode_length: int,
+def decode_calls(module, params, encoder_input_tokens: np.ndarray, max_decode_length: int,
                   num_new_tokens: int, num_calls: int, vocab_ids: Optional[np.ndarray] = None):
   """(jitted fn, its args): `num_calls` `decode_step` calls of `num_new_tokens` tokens per row in one scan
   (over `vocab_ids` only when given)."""
@@ -139,7 +145,7 @@ def time_decode_calls(module, params, encoder_input_tokens: np.ndarray, max_deco
   of a real encoded input, so dispatch overhead is not counted. `vocab_ids`: a T5 drafter's trimmed
   vocabulary (its projection sliced once, as a decode does).
   """
-  calls, args = _decode_calls(module, params, encoder_input_tokens, max_decode_length, num_new_tokens,
+  calls, args = decode_calls(module, params, encoder_input_tokens, max_decode_length, num_new_tokens,
                               num_calls, vocab_ids)
   return median_seconds(calls, *args, repeats=repeats) / num_calls
 
@@ -158,7 +164,7 @@ def verify_cost_curve(module, params, encoder_input_tokens: np.ndarray, max_deco
   if max_tokens >= max_decode_length:
     raise ValueError(f'max_tokens ({max_tokens}) must be below the decode length ({max_decode_length}).')
   tokens = list(range(1, max_tokens + 1))
-  best = fastest_interleaved({str(k): _decode_calls(module, params, encoder_input_tokens, max_decode_length, k,
+  best = fastest_interleaved({str(k): decode_calls(module, params, encoder_input_tokens, max_decode_length, k,
                                                     num_calls) for k in tokens}, repeats)
   call_s = [best[str(k)] / num_calls for k in tokens]
   return {'tokens': tokens, 'call_s': call_s, 'ratio': [t / call_s[0] for t in call_s]}
@@ -270,11 +276,11 @@ def drafter_calls(target_module, target_params, drafter_module, drafter_params,
                   encoder_input_tokens: np.ndarray, max_decode_length: int, num_calls: int = 32,
                   draft_vocab_ids: Optional[np.ndarray] = None):
   """(jitted fn, its args): `num_calls` 1-token drafter calls in one scan, as a draft step makes them: a
-  feature head's (`_head_calls`) or an independent drafter's `decode_step` (`_decode_calls`)."""
+  feature head's (`_head_calls`) or an independent drafter's `decode_step` (`decode_calls`)."""
   if isinstance(drafter_module, feature_drafter.FeatureHead):
     return _head_calls(target_module, target_params, drafter_module, drafter_params, encoder_input_tokens,
                        max_decode_length, num_calls, draft_vocab_ids)
-  return _decode_calls(drafter_module, drafter_params, encoder_input_tokens, max_decode_length, 1, num_calls,
+  return decode_calls(drafter_module, drafter_params, encoder_input_tokens, max_decode_length, 1, num_calls,
                        draft_vocab_ids)
 
 
@@ -332,9 +338,11 @@ def measure_costs(target_module, target_params, drafter_module, drafter_params,
           'c': t_draft / t_target, 'verify_cost_ratio': t_verify / t_target}
 
 
-def _looped(fn: Callable[[Any], Any], iters: int) -> Callable[[Any], Any]:
-  """`iters` applications of `fn` in one jitted fori_loop."""
-  return jax.jit(lambda c: lax.fori_loop(0, iters, lambda _, c: fn(c), c))
+def _looped(fn: Callable[[Any, Any], Any], iters: int) -> Callable[[Any, Any], Any]:
+  """`iters` applications of `fn(args, carry)` in one jitted fori_loop; `args` (the params) are arguments of
+  the program, as the decode loops get them, not constants folded into it (a constant copy of a large
+  model's weights would be compiled into every program)."""
+  return jax.jit(lambda args, c: lax.fori_loop(0, iters, lambda _, c: fn(args, c), c))
 
 
 def _prefilled(module, params, encoder_input_tokens, max_decode_length, prefix_bl, vocab_ids=None):
@@ -418,28 +426,55 @@ def time_phases(target_module, target_params, drafter_module, drafter_params,
   sequences_bl = jnp.asarray(np.tile(sequences_l, (rows, 1)))
   prefix_bl = sequences_bl[:, :position]
   feature = isinstance(drafter_module, feature_drafter.FeatureHead)
+  # The caches mid-decode (filled outside the timed programs), and the params the timed programs take.
+  # Each filled by one compiled program, the params its arguments: run eagerly, a large model would dispatch
+  # and compile op by op.
   feature_state = {}
   if feature:
-    (target_cache, target_fn, draft_cache, draft_tokens_to_logits, kept_features,
-     feature_start) = _prefilled_feature_pair(target_module, target_params, drafter_module,
-                                              drafter_params, enc, max_decode_length, prefix_bl, gamma,
-                                              draft_vocab_ids)
-    feature_state = dict(draft_features=kept_features, feature_start=feature_start)
-
-    def tokens_to_logits(state):  # the baseline's call: the same call, features unused
-      logits, _, cache = target_fn(state)
-      return logits, cache
+    def prefill(target_p, head_p):
+      target_cache, _, head_cache, _, kept_features, feature_start = _prefilled_feature_pair(
+          target_module, target_p, drafter_module, head_p, enc, max_decode_length, prefix_bl, gamma,
+          draft_vocab_ids)
+      return target_cache, head_cache, dict(draft_features=kept_features, feature_start=feature_start)
+    target_cache, draft_cache, feature_state = jax.jit(prefill)(target_params, drafter_params)
+    args = _prepared_head_params(target_module, target_params, drafter_module, drafter_params, draft_vocab_ids)
   else:
-    target_cache, tokens_to_logits = _prefilled(target_module, target_params, enc, max_decode_length,
-                                                prefix_bl)
-    target_fn = tokens_to_logits
-    draft_cache, draft_tokens_to_logits = _prefilled(drafter_module, drafter_params, enc,
-                                                     max_decode_length, prefix_bl[:, :max(position - 1, 1)],
-                                                     draft_vocab_ids)
-  spec = decoding.LoopSpec(
-      gamma=gamma, eos_id=1, tokens_to_logits=target_fn,
-      draft_tokens_to_logits=draft_tokens_to_logits, temperature=temperature, topk=topk, topp=topp,
-      draft_confidence=draft_confidence, return_stats=False, draft_reads_features=feature)
+    def prefill(target_p, drafter_p):
+      return (_prefilled(target_module, target_p, enc, max_decode_length, prefix_bl)[0],
+              _prefilled(drafter_module, drafter_p, enc, max_decode_length, prefix_bl[:, :max(position - 1, 1)],
+                         draft_vocab_ids)[0])
+    target_cache, draft_cache = jax.jit(prefill)(target_params, drafter_params)
+    args = {'target': target_params, 'drafter': drafter_params,
+            'projection': _projection(drafter_module, drafter_params, draft_vocab_ids)[0]}
+
+  def functions(args):
+    """(target_fn, draft_fn, the baseline's 1-token call) of `args`, built where they are called: inside a
+    timed program from its arguments (the encodings and caches they would also build are unused there and
+    compiled away)."""
+    if feature:
+      _, target_fn, _, draft_fn = _head_decoder_fns(target_module, drafter_module, args, enc, max_decode_length,
+                                                    draft_vocab_ids)
+
+      def call(state):  # the baseline's call: the same call, features unused
+        logits, _, cache = target_fn(state)
+        return logits, cache
+      return target_fn, draft_fn, call
+    model = models.SpeculativeEncoderDecoderModel(target_module, None, decode_fn=decoding.temperature_sample)
+    target_fn = model.decoder_fns(target_module, args['target'], enc, max_decode_length)[1]
+    draft_fn = model.decoder_fns(drafter_module, args['drafter'], enc, max_decode_length, vocab_ids=draft_vocab_ids,
+                                 projection_ek=args['projection'])[1]
+    return target_fn, draft_fn, target_fn
+
+  def loop_spec(args):
+    target_fn, draft_fn, _ = functions(args)
+    return decoding.LoopSpec(
+        gamma=gamma, eos_id=1, tokens_to_logits=target_fn, draft_tokens_to_logits=draft_fn,
+        temperature=temperature, topk=topk, topp=topp, draft_confidence=draft_confidence, return_stats=False,
+        draft_reads_features=feature)
+
+  # The loop's settings alone (its functions are built inside each timed program).
+  spec = decoding.LoopSpec(gamma=gamma, eos_id=1, tokens_to_logits=None, draft_tokens_to_logits=None,
+                           temperature=temperature, topk=topk, topp=topp, draft_confidence=draft_confidence)
   state0 = decoding.SpeculativeLoopState(
       cur_index=jnp.full((rows,), position - 1, jnp.int32), sequences=sequences_bl,
       forced_bl=jnp.zeros(sequences_bl.shape, bool), max_len_b=jnp.full((rows,), max_decode_length, jnp.int32),
@@ -447,9 +482,18 @@ def time_phases(target_module, target_params, drafter_module, drafter_params,
       ended=jnp.zeros((rows,), bool), generated=jnp.zeros(sequences_bl.shape, bool),
       rng=jax.random.PRNGKey(0), log_prob=jnp.zeros((rows,), jnp.float32), stats={}, **feature_state)
   rng = None if spec.fast_greedy else jax.random.PRNGKey(1)
-  drafts0 = decoding.draft_phase(spec, state0, rng)
-  logits0, _, _ = decoding.verify_phase(spec, state0, drafts0)
-  verdict0, logp0 = decoding.accept_phase(spec, state0, drafts0, logits0, rng)
+
+  def first_round(args, state):
+    """The round's drafts, logits and verdict at `position`: the inputs of the verify, accept and commit parts.
+    One compiled program (run eagerly, a large model would dispatch and compile op by op)."""
+    round_spec = loop_spec(args)
+    drafts = decoding.draft_phase(round_spec, state, rng)
+    logits, _, _ = decoding.verify_phase(round_spec, state, drafts)
+    verdict, logp = decoding.accept_phase(round_spec, state, drafts, logits, rng)
+    return drafts, logits, verdict, logp
+
+  if set(parts) & {'verify', 'accept', 'commit'}:
+    drafts0, logits0, verdict0, logp0 = jax.jit(first_round)(args, state0)
 
   def replay(state, acc):
     """The same round again, caches carried. Its position and prefix are selected by a test the compiler
@@ -464,38 +508,39 @@ def time_phases(target_module, target_params, drafter_module, drafter_params,
                          sequences=jnp.where(opaque, state.sequences, state0.sequences), ended=state0.ended,
                          generated=state0.generated, draft_lag=state0.draft_lag, **features)
 
-  def draft_only(carry):
+  def draft_only(args, carry):
     state, acc = carry
-    drafts = decoding.draft_phase(spec, replay(state, acc), rng)
+    drafts = decoding.draft_phase(loop_spec(args), replay(state, acc), rng)
     return state.replace(draft_cache=drafts.cache), acc + jnp.sum(drafts.tokens_bg)
 
-  def verify_only(carry):
+  def verify_only(args, carry):
     state, acc = carry
-    logits, cache, _ = decoding.verify_phase(spec, replay(state, acc), drafts0)
+    logits, cache, _ = decoding.verify_phase(loop_spec(args), replay(state, acc), drafts0)
     return state.replace(target_cache=cache), acc + jnp.sum(jnp.argmax(logits, axis=-1))
 
-  def accept_only(carry):
+  def accept_only(args, carry):
     state, acc = carry
     # The logits depend on the carry, so the phase cannot be hoisted out of the loop.
     logits = logits0 + acc.astype(jnp.float32) * 0.0
-    verdict, _ = decoding.accept_phase(spec, replay(state, acc), drafts0, logits, rng)
+    verdict, _ = decoding.accept_phase(loop_spec(args), replay(state, acc), drafts0, logits, rng)
     return state, acc + jnp.sum(verdict.num_accepted_b) + jnp.sum(verdict.next_token_b)
 
-  def commit_only(carry):
+  def commit_only(args, carry):
     state, acc = carry
     logits = logits0 + acc.astype(jnp.float32) * 0.0
-    new = decoding.commit_phase(spec, replay(state, acc), drafts0, verdict0, logits, logp0,
+    new = decoding.commit_phase(loop_spec(args), replay(state, acc), drafts0, verdict0, logits, logp0,
                                 state.target_cache, state.rng)
     return state, acc + jnp.sum(new.cur_index) + jnp.sum(new.sequences)
 
-  def whole_round(carry):
+  def whole_round(args, carry):
     state, acc = carry
-    new = decoding.speculative_step(spec, replay(state, acc))
+    new = decoding.speculative_step(loop_spec(args), replay(state, acc))
     return new, acc + jnp.sum(new.cur_index)
 
-  def baseline_round(carry):
+  def baseline_round(args, carry):
     # temperature_sample's body: one 1-token call, argmax or sampling, the sequence write.
     (cache, seq_bl, rng_key), acc = carry
+    tokens_to_logits = functions(args)[2]
     pos_b = jnp.where(acc < 0, 0, jnp.full((rows,), position, jnp.int32))  # a loop value, as in replay
     logits, cache = tokens_to_logits(decoding.DecodingState(
         cur_index=pos_b, sequences=seq_bl,
@@ -514,7 +559,7 @@ def time_phases(target_module, target_params, drafter_module, drafter_params,
          'round': whole_round, 'baseline_round': baseline_round}
   # The parts interleaved, each part's fastest repeat (`fastest_interleaved`): their ratios (c, a) are what
   # the in-loop prediction uses, and a slow spell of the machine then shifts none of them alone.
-  best = fastest_interleaved({part: (_looped(fns[part], iters), (carries.get(part, (state0, acc0)),))
+  best = fastest_interleaved({part: (_looped(fns[part], iters), (args, carries.get(part, (state0, acc0))))
                               for part in parts}, repeats)
   return PhaseTimes(**{part: best[part] / iters for part in parts})
 
@@ -529,17 +574,18 @@ def time_fixed_costs(target_module, target_params, drafter_module, drafter_param
   max_decode_length = batch['decoder_input_tokens'].shape[1]
   model = models.SpeculativeEncoderDecoderModel(target_module, None, decode_fn=decoding.temperature_sample)
 
-  def caches(modules_and_params):
-    if isinstance(modules_and_params[-1][0], feature_drafter.FeatureHead):  # one encoding for both
-      (target, target_p), (head, head_p) = modules_and_params
+  def caches(modules, params):
+    if isinstance(modules[-1], feature_drafter.FeatureHead):  # one encoding for both
+      (target, head), (target_p, head_p) = modules, params
       return feature_drafter.decoder_fns(target, target_p, head, head_p, enc, max_decode_length)[0::2]
-    return [model.decoder_fns(m, p, enc, max_decode_length)[0]
-            for m, p in modules_and_params]
+    return [model.decoder_fns(m, p, enc, max_decode_length)[0] for m, p in zip(modules, params)]
 
-  target = ((target_module, target_params),)
-  both = target + ((drafter_module, drafter_params),)
-  return fastest_interleaved({'baseline': (jax.jit(lambda: caches(target)), ()),
-                              'speculative': (jax.jit(lambda: caches(both)), ())}, repeats)
+  # Params are arguments, as the decodes get them: constants would compile a copy of the weights into the
+  # programs (gigabytes for a large target).
+  both = (target_module, drafter_module)
+  return fastest_interleaved({'baseline': (jax.jit(lambda p: caches(both[:1], p)), ((target_params,),)),
+                              'speculative': (jax.jit(lambda p: caches(both, p)),
+                                              ((target_params, drafter_params),))}, repeats)
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 arithmetic on a hand-made state (its Markdown: ceiling_report_test.py). Timings are only checked to be positive; speed is measured by
 scripts/ceiling.py, never asserted here."""
 
+import dataclasses
 import json
 import math
 
@@ -39,11 +40,23 @@ def _examples(n=2):
     (dict(gammas=(0,)), 'gammas'),
     (dict(batch_sizes=(0,)), 'batch_sizes'),
     (dict(repeats=0), 'repeats'),
+    (dict(cost_repeats=0), 'cost_repeats'),
     (dict(gammas=(8,), max_verify_tokens=8), 'widest verify call'),
 ])
 def test_bad_settings_are_refused(overrides, match):
   with pytest.raises(ValueError, match=match):
     ceiling.Settings(**overrides).validate()
+
+
+def test_a_given_verify_curve_is_used_not_measured_again(monkeypatch):
+  curve = {'tokens': [1, 2, 3], 'call_s': [1e-3, 2e-3, 3e-3], 'ratio': [1.0, 2.0, 3.0]}
+  monkeypatch.setattr(profiling, 'verify_cost_curve', lambda *a, **k: pytest.fail('the curve was measured again'))
+  settings = dataclasses.replace(SETTINGS, batch_sizes=(1,), alphas=(1.0,), cost_repeats=1)
+  target = _tiny(0)
+  state = ceiling.measure(*target, _examples(1), LENGTHS, settings, verify_curves={1: curve}, log=lambda _: None)
+  assert state['costs']['1']['verify_curve'] == curve
+  with pytest.raises(ValueError, match='covers k'):
+    ceiling.measure(*target, _examples(1), LENGTHS, settings, verify_curves={1: dict(curve, tokens=[1, 2])})
 
 
 @pytest.fixture(scope='module')
