@@ -628,9 +628,10 @@ def draft_phase(spec: LoopSpec, state: SpeculativeLoopState,
   """Up to γ drafter steps: the drafts of positions i+1 .. i+γ.
 
   With `spec.draft_confidence` > 0 a row stops drafting after a draft whose
-  confidence is below it (that draft is still verified); the loop stops when
-  no row drafts any more. Stopping on the drafter's own draws never changes
-  the output distribution: each kept token still passes Algorithm 1's test.
+  confidence is below it (that draft is still verified), and an ended row
+  after its first; the loop stops when no row drafts any more. Stopping on the
+  drafter's own draws never changes the output distribution: each kept token
+  still passes Algorithm 1's test.
   """
   gamma, rows = spec.gamma, state.cur_index.shape[0]
   rngs_g = None if rng is None else jax.random.split(rng, gamma)
@@ -644,7 +645,10 @@ def draft_phase(spec: LoopSpec, state: SpeculativeLoopState,
   logq_bgv = None if logq_bv is None else jnp.zeros(
       (rows, gamma) + logq_bv.shape[1:], logq_bv.dtype).at[:, 0].set(logq_bv)
   adaptive = spec.draft_confidence > 0
-  drafting_b = (confidence_b >= spec.draft_confidence) if adaptive else jnp.ones((rows,), bool)
+  # An ended row drafts nothing more: its drafts are never verified, and a confident drafter would
+  # otherwise keep every round at γ steps for the rows still running.
+  drafting_b = ((confidence_b >= spec.draft_confidence) & ~state.ended if adaptive
+                else jnp.ones((rows,), bool))
   num_drafted_b = jnp.ones((rows,), jnp.int32)
   if gamma == 1:
     return Drafts(tokens_bg, logq_bgv, num_drafted_b, cache)

@@ -618,6 +618,37 @@ class TestAdaptiveDrafting:
                                decode_rng=jax.random.PRNGKey(0))
     np.testing.assert_array_equal(np.asarray(stats['drafted']), np.asarray(stats['target_calls']))
 
+  @pytest.mark.parametrize('temperature', [0.0, 1.0])
+  def test_an_ended_row_stops_drafting(self, temperature):
+    """At batch 2 with row 0 ended and always confident, row 1 never: the draft loop runs once (its
+    catch-up call) and row 0 drafts one token, as if it were not there. Drafting on for an ended row would
+    run all γ steps, 4 drafter calls and 4 drafts for it."""
+    gamma, vocab, length = 4, 9, 12
+    confident_v = jnp.zeros((vocab,)).at[5].set(50.0)  # q(5) ≈ 1 at any temperature
+
+    def drafter(state):
+      rows, k = state.cur_token.shape
+      logits_bkv = jnp.broadcast_to(jnp.stack([confident_v, jnp.zeros((vocab,))])[:rows, None], (rows, k, vocab))
+      return logits_bkv, {'calls': state.cache['calls'] + 1}
+
+    seq = jnp.zeros((2, length + gamma + 2), jnp.int32).at[:, 1].set(3)
+    spec = decoding.LoopSpec(gamma=gamma, eos_id=EOS, tokens_to_logits=None, draft_tokens_to_logits=drafter,
+                             temperature=temperature, topk=0, draft_confidence=0.5, return_stats=False)
+    state = decoding.SpeculativeLoopState(
+        cur_index=jnp.ones((2,), jnp.int32), sequences=seq, forced_bl=jnp.zeros(seq.shape, bool),
+        max_len_b=jnp.full((2,), length, jnp.int32), target_cache={}, draft_cache={'calls': jnp.zeros((), jnp.int32)},
+        draft_lag=jnp.zeros((2,), bool), ended=jnp.asarray([True, False]), generated=jnp.zeros(seq.shape, bool),
+        rng=jax.random.PRNGKey(0), log_prob=jnp.zeros((2,), jnp.float32), stats={})
+    drafts = jax.jit(functools.partial(decoding.draft_phase, spec))(
+        state, None if spec.fast_greedy else jax.random.PRNGKey(1))
+    assert int(drafts.cache['calls']) == 1
+    np.testing.assert_array_equal(np.asarray(drafts.num_drafted_b), [1, 1])
+    # The test has power: with row 0 still running, its confidence keeps the loop going to γ.
+    running = jax.jit(functools.partial(decoding.draft_phase, spec))(
+        state.replace(ended=jnp.zeros((2,), bool)), None if spec.fast_greedy else jax.random.PRNGKey(1))
+    assert int(running.cache['calls']) == gamma
+    np.testing.assert_array_equal(np.asarray(running.num_drafted_b), [gamma, 1])
+
   def test_sequence_distribution_is_the_targets(self):
     t = TestSequenceDistribution()
     target, drafter = t._models()
