@@ -12,6 +12,7 @@ import pytest
 
 from specdec import batch_shrink
 from specdec import decoding
+from specdec import feature_drafter
 from specdec import sampling
 from tests import toy
 
@@ -222,6 +223,20 @@ def _sample_many(fn, target, rows, length, shrink_batch=False, **kw):
   return np.asarray(fn(inputs, shrink_batch=shrink_batch, **kw)[0][:, 0])
 
 
+class _TrimmedDrafter:
+  """A toy drafter whose logits cover `ids` only (-inf at every other token): a trimmed draft vocabulary."""
+
+  def __init__(self, drafter, ids, vocab):
+    self.drafter, self.ids, self.vocab = drafter, jnp.asarray(ids, jnp.int32), vocab
+
+  def init_cache(self, batch):
+    return self.drafter.init_cache(batch)
+
+  def tokens_to_logits(self, state):
+    logits_bkv, cache = self.drafter.tokens_to_logits(state)
+    return feature_drafter.widen_logits(logits_bkv[..., self.ids], self.ids, self.vocab), cache
+
+
 class TestSequenceDistribution:
   """Whole decodes: the empirical law of sequences equals the target's.
 
@@ -249,6 +264,24 @@ class TestSequenceDistribution:
         lambda x, **kw: _speculative(target, drafter, x, gamma, **kw), target,
         self.ROWS, self.LENGTH, temperature=temperature, topk=topk, topp=topp,
         decode_rng=jax.random.PRNGKey(gamma))
+    assert toy.chi_square_pvalue(samples, exact) > 1e-3
+
+  @pytest.mark.parametrize('gamma, temperature, topk, topp', [(3, 0.7, 3, 0.0), (2, 1.3, 0, 0.9)])
+  def test_a_trimmed_draft_vocabulary_keeps_the_targets_law(self, gamma, temperature, topk, topp):
+    """A drafter over K of the V ids (q = 0 elsewhere, as `models` builds a trimmed drafter's logits with
+    `feature_drafter.widen_logits`), where K misses part of the target's top-k support: the residual
+    distribution must supply the ids the drafter never proposes."""
+    target, drafter = self._models()
+    ids = np.asarray([0, 1, 3])  # EOS (1) and two others of the 5
+    top3 = set(np.argsort(target.prefix_logits([0]))[-3:].tolist())
+    assert top3 - set(ids.tolist()), 'the test needs K to miss part of the first position\'s top 3'
+    trimmed = _TrimmedDrafter(drafter, ids, self.VOCAB)
+    exact = toy.exact_distribution(target, self.LENGTH, EOS, temperature, topk, topp)
+    samples = _sample_many(
+        lambda x, **kw: _speculative(target, trimmed, x, gamma, **kw), target,
+        self.ROWS, self.LENGTH, temperature=temperature, topk=topk, topp=topp,
+        decode_rng=jax.random.PRNGKey(10 + gamma))
+    assert set(np.unique(samples).tolist()) - set(ids.tolist()), 'ids outside K were never sampled'
     assert toy.chi_square_pvalue(samples, exact) > 1e-3
 
   def test_baseline_matches_target(self):

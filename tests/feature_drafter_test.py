@@ -93,6 +93,49 @@ class TestToyLoop:
                            temperature=0.0, topk=0, return_stats=True)
     assert out.stats['accepted'].sum() < 0.5 * out.stats['judged'].sum()
 
+  def test_the_draft_after_a_rejection_is_accepted(self):
+    """A feature drafter exact except where its draft lands on a position p ≡ 0 (mod 3), where its draft is
+    wrong: every rejection happens there, and the draft of p + 1 in the next round reads the target's features
+    and a rolled-back cache, so it is accepted. Each row's target calls equal a replay of its rounds in
+    Python; one wrong draft more a row (a feature or cache left misaligned by a rejection) changes them."""
+    gamma, length = 3, 24
+    target, drafter = _toy_pair(length=length)
+    inputs = _prompted(12, length)
+
+    class WrongAtMultiplesOfThree:
+      def init_cache(self, batch):
+        return drafter.init_cache(batch)
+
+      def tokens_to_logits(self, state, features_bke):
+        logits_bkv, predicted_bke, cache = drafter.tokens_to_logits(state, features_bke)
+        # Entry p predicts position p + 1; rolled logits move the argmax to another token.
+        next_pos_bk = state.cur_index[:, None] + jnp.arange(state.cur_token.shape[1]) + 1
+        logits_bkv = jnp.where((next_pos_bk % 3 == 0)[..., None], jnp.roll(logits_bkv, 1, axis=-1), logits_bkv)
+        return logits_bkv, predicted_bke, cache
+
+    def replayed_calls(row, wrong):
+      """Rounds of the loop in Python: drafts of positions cur+1..cur+γ kept while right (a given prompt
+      token always is), then the target's own token; the row ends at its EOS or its last position."""
+      decoded = np.asarray(base[row])
+      end = int(np.argmax(decoded == EOS)) + 1 if np.any(decoded == EOS) else length
+      forced = {p for p in range(1, length) if int(inputs[row, p]) != 0}
+      cur, calls = 0, 0
+      while cur < end:
+        calls += 1
+        kept = 0
+        while kept < gamma and cur + kept + 1 <= end and (cur + kept + 1 in forced or not wrong(cur + kept + 1)):
+          kept += 1
+        cur += kept + 1
+      return calls
+
+    base = np.asarray(_toy_baseline(target, inputs)[:, -1])
+    for wrong, fn in ((lambda p: False, drafter), (lambda p: p % 3 == 0, WrongAtMultiplesOfThree())):
+      out = _toy_speculative(target, fn, inputs, gamma, temperature=0.0, topk=0, return_stats=True)
+      np.testing.assert_array_equal(out.decodes[:, -1], base)
+      np.testing.assert_array_equal(out.stats['target_calls'][:, 0],
+                                    [replayed_calls(row, wrong) for row in range(inputs.shape[0])])
+    assert out.stats['accepted'].sum() < out.stats['judged'].sum()  # the wrong drafts were judged and rejected
+
   def test_greedy_identical_with_a_poor_drafter(self):
     target, drafter = _toy_pair(exact=False)
     inputs = _prompted(12, 8)
@@ -101,17 +144,27 @@ class TestToyLoop:
     np.testing.assert_array_equal(out.decodes[:, -1], _toy_baseline(target, inputs)[:, -1])
     assert 0 < out.stats['accepted'].sum() < out.stats['judged'].sum()
 
-  @pytest.mark.parametrize('gamma, temperature, topk, topp', [
-      (1, 1.0, 0, 0.0), (3, 0.7, 3, 0.0), (4, 1.3, 0, 0.8)])
-  def test_sequence_distribution_is_the_targets(self, gamma, temperature, topk, topp):
+  @pytest.mark.parametrize('gamma, temperature, topk, topp, confidence, shrink', [
+      (1, 1.0, 0, 0.0, 0.0, False), (3, 0.7, 3, 0.0, 0.0, False), (4, 1.3, 0, 0.8, 0.0, False),
+      # Adaptive drafting (rows stop drafting at different steps) and a shrinking batch (rows that ended
+      # leave it): both move features and caches between rows and rounds.
+      (3, 1.0, 0, 0.0, 0.35, False), (3, 1.0, 0, 0.0, 0.0, True)])
+  def test_sequence_distribution_is_the_targets(self, gamma, temperature, topk, topp, confidence, shrink):
     length, vocab, rows = 4, 5, 20_000
     target = toy.ToyModel(30, vocab=vocab, cache_len=length, scale=1.5, eos_bias=0.5)
     drafter = toy.ToyFeatureDrafter(target, seed=31, exact=False)
     exact = toy.exact_distribution(target, length, EOS, temperature, topk, topp)
     out = _toy_speculative(target, drafter, jnp.zeros((rows, length), jnp.int32), gamma,
-                           temperature=temperature, topk=topk, topp=topp, shrink_batch=False,
+                           temperature=temperature, topk=topk, topp=topp, shrink_batch=shrink,
+                           draft_confidence=confidence, return_stats=True,
                            decode_rng=jax.random.PRNGKey(gamma))
-    assert toy.chi_square_pvalue(np.asarray(out.decodes[:, 0]), exact) > 1e-3
+    samples = np.asarray(out.decodes[:, 0])
+    if confidence:  # some rounds stopped drafting early
+      assert out.stats['drafted'].sum() < gamma * out.stats['target_calls'].sum()
+    if shrink:  # most rows ended before the last position, so the batch shrank
+      ends = np.where(np.any(samples == EOS, -1), np.argmax(samples == EOS, -1) + 1, length)
+      assert np.mean(ends < length) > 0.5
+    assert toy.chi_square_pvalue(samples, exact) > 1e-3
 
   def test_adaptive_drafting_keeps_features_aligned(self):
     target, drafter = _toy_pair()

@@ -414,6 +414,29 @@ class TestFeatureHeadAndTrimmedDrafts:
     np.testing.assert_array_equal(got, base)
     assert not np.array_equal(zero_aux['stats']['accepted'], want_aux['stats']['accepted'])
 
+  @pytest.mark.parametrize('trimmed', [False, True])
+  def test_the_folded_kernel_samples_as_the_two_maps(self, params, trimmed, monkeypatch):
+    """At t = 1 the folded [W, K] kernel gives the draws of the unfolded path (the head's [W, E] map, then the
+    target's projection), the same key: equal logits up to float32 rounding draw the same tokens."""
+    ids = np.arange(1, VOCAB, 3) if trimmed else None
+    model = self._feature_model(draft_vocab_ids=ids)
+    fparams = {'target': params['target'],
+               'drafter': model.get_initial_params(jax.random.PRNGKey(4))['drafter']}
+    batch = _batch(seed=25)
+    settings = {'temperature': 1.0, 'topk': 0, 'gamma': 3, 'return_stats': True}
+    folded = model.with_draft_projection(fparams)
+    assert models.DRAFT_LOGITS_KERNEL in folded
+    got, got_aux = model.compile_predict(settings)(folded, batch, jax.random.PRNGKey(6))
+    monkeypatch.setattr(feature_drafter, 'folds_projection', lambda config: False)
+    unfolded_model = self._feature_model(draft_vocab_ids=ids)
+    unfolded = unfolded_model.with_draft_projection(fparams)
+    assert models.DRAFT_LOGITS_KERNEL not in unfolded
+    want, want_aux = unfolded_model.compile_predict(settings)(unfolded, batch, jax.random.PRNGKey(6))
+    np.testing.assert_array_equal(got, want)
+    for name in ('accepted', 'judged', 'drafted'):
+      np.testing.assert_array_equal(got_aux['stats'][name], want_aux['stats'][name])
+    assert 0 < got_aux['stats']['accepted'].sum() < got_aux['stats']['judged'].sum()
+
   @pytest.mark.parametrize('ids, message', [
       ([3, 2], 'sorted and unique'), ([0, VOCAB], 'outside'), ([], 'non-empty'),
       ([[1, 2]], 'non-empty 1-D')])
