@@ -24,6 +24,16 @@ validation/test row whose English input, or whose first 25 words
 (case-insensitive), also occurs among the train inputs is dropped; the number
 of drops is recorded in the manifest.
 
+The translation train split may also hold pairs from other sources
+(``extra_train_rows``: bilingual documentation and gettext catalogs,
+``specdec/parallel_sources.py``), appended after its DDTP rows. They go to
+train only and are dropped when their source package is held out or their
+English opening words match a validation/test item, so the validation and
+test splits are byte-identical with or without them.
+
+Every row names its source in ``origin`` (``ddtp``, ``doc:<package>``,
+``gettext:<package>``); the manifest counts rows per origin and split.
+
 The JSON Lines rows hold raw text; the task prefixes (``TRANSLATE_PREFIX``,
 ``SUMMARIZE_PREFIX``) are added by the task definitions, not stored here.
 
@@ -686,6 +696,96 @@ def filter_leakage(splits: Mapping[str, List[Dict[str, object]]],
 
 
 # --------------------------------------------------------------------------
+# Extra EN->DE pairs (train only).
+# --------------------------------------------------------------------------
+
+EXTRA_FIELDS = ("inputs", "targets", "package", "origin", "kind", "segment")
+
+
+def held_out(splits_by_corpus: Mapping[str, Mapping[str, Sequence[Mapping]]]
+             ) -> Dict[str, set]:
+  """What extra train pairs must not touch, from the written splits.
+
+  Returns sets: ``sources`` and ``packages`` of every validation/test row of
+  any corpus, ``full`` and ``prefix`` leak keys of their inputs, and
+  ``targets`` (lower-cased German references of the translation corpus).
+  """
+  held: Dict[str, set] = {k: set() for k in
+                          ("sources", "packages", "full", "prefix", "targets")}
+  for name, splits in splits_by_corpus.items():
+    for split in SPLITS[1:]:
+      for row in splits[split]:
+        held["sources"].add(row["source_package"])
+        held["packages"].add(row["package"])
+        full, prefix = _leak_keys(str(row["inputs"]))
+        held["full"].add(full)
+        held["prefix"].add(prefix)
+        if name == TRANSLATION_CORPUS:
+          held["targets"].add(_leak_keys(str(row["targets"]))[0])
+  return held
+
+
+def extra_train_rows(pairs: Iterable[Mapping[str, object]],
+                     splits_by_corpus: Mapping[str, Mapping[str, Sequence[Mapping]]],
+                     source_of: Mapping[str, str],
+                     ratios: Sequence[float] = DEFAULT_RATIOS,
+                     salt: str = SPLIT_SALT
+                     ) -> Tuple[List[Dict[str, object]], Dict[str, object]]:
+  """Translation train rows from extra sources, kept out of validation/test.
+
+  A pair (``EXTRA_FIELDS``; ``package`` is the binary package that shipped
+  it) is dropped when its source package (``source_of``, else the package
+  itself) would not be a train source under this split, or is the source or
+  package of a validation/test row (``held_out_package``); when its English
+  text or first 25 words equal those of a validation/test input of either
+  corpus, or its German text a translation reference
+  (``leak_opening_words`` / ``leak_target``); and when its English text
+  (case-insensitive) is already a translation input or an earlier pair's
+  (``duplicate_english``). Input order is kept: earlier sources win.
+
+  Returns (rows in the corpus's row format, {"filter": counts,
+  "by_origin": {origin: counts}}).
+  """
+  held = held_out(splits_by_corpus)
+  seen = {_leak_keys(str(row["inputs"]))[0]
+          for split in SPLITS
+          for row in splits_by_corpus[TRANSLATION_CORPUS][split]}
+  totals: collections.Counter = collections.Counter()
+  by_origin: Dict[str, collections.Counter] = collections.defaultdict(
+      collections.Counter)
+  rows = []
+  for pair in pairs:
+    missing = [f for f in EXTRA_FIELDS if f not in pair]
+    if missing:
+      raise ValueError(f"extra pair without {', '.join(missing)}: {pair!r}")
+    package = str(pair["package"])
+    source = source_of.get(package, package)
+    full, prefix = _leak_keys(str(pair["inputs"]))
+    if (split_of(source, ratios, salt) != "train" or source in held["sources"]
+        or package in held["packages"]):
+      reason = "dropped_held_out_package"
+    elif full in held["full"] or prefix in held["prefix"]:
+      reason = "dropped_leak_opening_words"
+    elif _leak_keys(str(pair["targets"]))[0] in held["targets"]:
+      reason = "dropped_leak_target"
+    elif full in seen:
+      reason = "dropped_duplicate_english"
+    else:
+      reason = "added"
+      seen.add(full)
+      rows.append({"inputs": pair["inputs"], "targets": pair["targets"],
+                   "source_package": source, "package": package,
+                   "kind": pair["kind"], "origin": pair["origin"],
+                   "description_md5": "", "segment": int(pair["segment"])})
+    for counter in (totals, by_origin[str(pair["origin"])]):
+      counter["candidates"] += 1
+      counter[reason] += 1
+  return rows, {"filter": dict(sorted(totals.items())),
+                "by_origin": {o: dict(sorted(c.items()))
+                              for o, c in sorted(by_origin.items())}}
+
+
+# --------------------------------------------------------------------------
 # Writing.
 # --------------------------------------------------------------------------
 
@@ -694,10 +794,18 @@ def build_corpora(lists_dir: str,
                   out_dir: str,
                   ratios: Sequence[float] = DEFAULT_RATIOS,
                   salt: str = SPLIT_SALT,
-                  log: Log = _no_log) -> Dict[str, object]:
+                  log: Log = _no_log,
+                  extra_pairs: Optional[Sequence[Mapping[str, object]]] = None,
+                  extra_report: Optional[Mapping[str, object]] = None
+                  ) -> Dict[str, object]:
   """Builds both corpora from downloaded lists into `out_dir`.
 
   Layout: out_dir/<corpus>/<split>.jsonl and out_dir/manifest.json.
+  `extra_pairs` (``EXTRA_FIELDS`` each, e.g. from
+  ``parallel_sources.collect_pairs``) go to the translation train split
+  only, after its DDTP rows, filtered by ``extra_train_rows``; the DDTP rows
+  and the validation/test splits are the same with or without them.
+  `extra_report` (its sources and input files) is stored in the manifest.
   Returns the manifest (also written).
   """
   t0 = time.time()
@@ -705,10 +813,22 @@ def build_corpora(lists_dir: str,
   log(f"lists loaded in {time.time() - t0:.1f}s")
   builders = {TRANSLATION_CORPUS: translation_rows,
               SUMMARIZATION_CORPUS: summarization_rows}
-  corpora_manifest = {}
+  built = {}
   for name in CORPORA:
     rows, stats = builders[name](lists)
     splits, dropped = filter_leakage(split_rows(rows, ratios, salt))
+    built[name] = (splits, dropped, stats)
+  extra_filter: Dict[str, object] = {}
+  if extra_pairs is not None:
+    extra, extra_filter = extra_train_rows(
+        extra_pairs, {name: b[0] for name, b in built.items()},
+        lists.source_of, ratios, salt)
+    built[TRANSLATION_CORPUS][0]["train"] = (
+        built[TRANSLATION_CORPUS][0]["train"] + extra)
+    log(f"extra pairs: {extra_filter['filter']}")
+  corpora_manifest = {}
+  for name in CORPORA:
+    splits, dropped, stats = built[name]
     files = {}
     for split in SPLITS:
       rel = f"{name}/{split}.jsonl"
@@ -725,6 +845,9 @@ def build_corpora(lists_dir: str,
         "kinds": {split: {k: c for (s, k), c in sorted(kinds.items())
                           if s == split} for split in SPLITS},
         "sources": {split: len({r["source_package"] for r in splits[split]})
+                    for split in SPLITS},
+        "origins": {split: dict(sorted(collections.Counter(
+            str(r["origin"]) for r in splits[split]).items()))
                     for split in SPLITS},
         "stats": stats,
     }
@@ -744,6 +867,8 @@ def build_corpora(lists_dir: str,
       "inputs": lists.inputs,
       "input_stats": lists.stats,
       "corpora": corpora_manifest,
+      "extra_sources": dict(extra_report or {}, enabled=extra_pairs is not None,
+                            **extra_filter),
   }
   data = (json.dumps(manifest, indent=2, sort_keys=True, ensure_ascii=False)
           + "\n").encode("utf-8")

@@ -334,7 +334,8 @@ def test_build_corpus_script(tmp_path):
   out = tmp_path / "c"
   proc = subprocess.run(
       [sys.executable, os.path.join(REPO, "scripts", "build_corpus.py"),
-       "--lists_dir", LISTS, "--out", str(out), "--ratios", "0.5,0.25,0.25"],
+       "--lists_dir", LISTS, "--out", str(out), "--ratios", "0.5,0.25,0.25",
+       "--no_extra"],
       capture_output=True, text=True, check=True, cwd=str(tmp_path))
   assert "translate_en_de/train.jsonl" in proc.stdout
   manifest = corpora.verify_manifest(str(out))
