@@ -289,6 +289,47 @@ def _fitted_round_costs(records, names_by_gamma) -> Optional[Dict[Any, Any]]:
   return out
 
 
+def controlled_row(target_module, target_params, examples: Sequence[Mapping[str, Any]],
+                   lengths: Mapping[str, int], alpha: float = 0.9, max_verify_tokens: int = 12,
+                   repeats: int = 3, seed: int = 0, state_dir: Optional[str] = None,
+                   log: Callable[[str], None] = print) -> Dict[str, Any]:
+  """One row of controlled acceptance for a table: the oracle at α* = `alpha`, batch 1, greedy, interleaved
+  with the baseline on `examples`, at the γ this machine's verify-cost curve favours.
+
+  The curve (k = 1..`max_verify_tokens` tokens a call, on the first example's input) is measured first and
+  kept in `state_dir`/verify_curve.json; γ is `theory.best_gamma(alpha, 0, curve)`: the oracle's draft is a
+  lookup, so the curve alone decides how many drafts a round pays for. Then `measure` runs that one (α*, γ)
+  with its state in `state_dir` (resumable; None: nothing kept). Returns `report`'s row with the curve, the
+  γ and its predicted speedup (`best_gamma_predicted`).
+  """
+  if isinstance(alpha, bool) or not 0.0 < float(alpha) <= 1.0:
+    raise ValueError(f'alpha must be in (0, 1], got {alpha!r}.')
+  if isinstance(max_verify_tokens, bool) or not isinstance(max_verify_tokens, int) or max_verify_tokens < 2:
+    raise ValueError(f'max_verify_tokens must be an integer >= 2, got {max_verify_tokens!r}.')
+  if not examples:
+    raise ValueError('controlled_row needs at least one example.')
+  curve_path = fileio.join(state_dir, 'verify_curve.json') if state_dir else None
+  curve = fileio.read_json_object(curve_path, 'verify-cost curve') if curve_path and fileio.exists(curve_path) \
+      else None
+  if curve is None or list(curve['tokens']) != list(range(1, max_verify_tokens + 1)):
+    log(f'controlled acceptance: verify-cost curve, k = 1..{max_verify_tokens} tokens a call')
+    (_, first), = benchmark.make_batches(examples[:1], lengths, 1, True)
+    curve = profiling.verify_cost_curve(target_module, target_params, first['encoder_input_tokens'],
+                                        lengths['targets'], max_verify_tokens, repeats=repeats)
+    if curve_path:
+      fileio.write_json(curve_path, curve)
+  gamma, predicted = theory.best_gamma(alpha, 0.0, dict(zip(curve['tokens'], curve['ratio'])),
+                                       max_gamma=max_verify_tokens - 1)
+  settings = Settings(alphas=(float(alpha),), gammas=(gamma,), batch_sizes=(1,), repeats=repeats, seed=seed,
+                      max_verify_tokens=max_verify_tokens, cost_repeats=repeats)
+  log(f'controlled acceptance: oracle α* {alpha:g}, γ {gamma} (best of the curve), {len(examples)} examples')
+  state = measure(target_module, target_params, examples, lengths, settings,
+                  state_path=fileio.join(state_dir, f'state_a{alpha:g}_g{gamma}.json') if state_dir else None,
+                  log=log, verify_curves={1: curve})
+  (row,) = report(state)['rows']
+  return dict(row, verify_curve=curve, best_gamma_predicted=predicted)
+
+
 def report(state: Mapping[str, Any], confidence: Optional[Mapping[str, float]] = None) -> Dict[str, Any]:
   """Rows, best γ, costs and the shipped drafters' places from a `measure` state."""
   settings = Settings(**{k: tuple(v) if isinstance(v, list) else v for k, v in state['settings'].items()})

@@ -145,3 +145,23 @@ def _cost_lines(rep) -> List[str]:
                  f"{r['measured_speedup']:.2f}×, predicted {r['predicted_in_loop']:.2f}× "
                  f"({r['measured_over_predicted']:.2f}).")
   return lines
+
+
+def controlled_row_markdown(row: Mapping[str, Any], task_label: str) -> str:
+  """The section a table prints under its rows for `ceiling.controlled_row`: what the loop gives on this machine
+  when drafts are good, marked as controlled acceptance, with the verify-cost curve that chose γ."""
+  curve = row['verify_curve']
+  ratios = ', '.join(f'{k}: {r:.2f}' for k, r in zip(curve['tokens'][1:], curve['ratio'][1:]))
+  return '\n'.join([
+      f'### When drafts are good: {CONTROLLED} (not a drafter)', '',
+      'The **oracle** drafter (`specdec/oracle.py`) proposes the target\'s own greedy token with probability α* '
+      'and a wrong one otherwise, at the cost of a lookup; the target verifies every draft. Batch 1, greedy, '
+      'interleaved with the baseline. γ is the best for α* on this machine\'s verify-cost curve '
+      '(`theory.best_gamma`).', '',
+      '| task | drafter | α* | γ | α measured | tokens/call | predicted (in loop) | **measured speedup** | '
+      'identical | examples |',
+      '|---|---|---|---|---|---|---|---|---|---|',
+      f"| {task_label} | {CONTROLLED} (oracle) | {row['alpha_target']:g} | {row['gamma']} | "
+      f"{row['alpha_measured']:.2f} | {row['tokens_per_call']:.2f} | {row['predicted_in_loop']:.2f}× | "
+      f"**{row['measured_speedup']:.2f}×** | {'100%' if row['identical'] else 'NO'} | {row['examples']} |", '',
+      f'A k-token target call over a 1-token call on this machine (k: ratio): {ratios}.', ''])

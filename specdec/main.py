@@ -93,6 +93,8 @@ def _import_tensorflow_quietly() -> None:
 _import_tensorflow_quietly()  # before specdec's modules import seqio, and with it TF
 
 from specdec import benchmark  # pylint: disable=g-import-not-at-top,wrong-import-position
+from specdec import ceiling
+from specdec import ceiling_report
 from specdec import checkpoints
 from specdec import decoding
 from specdec import evaluation
@@ -117,7 +119,11 @@ Row = run_config.Row  # a table row; gin files give rows as dicts of its fields
 PREDICTIONS_VERSION = 1
 # What each kind of run writes into OUTPUT_DIR (overwrite=True discards exactly these, and the fingerprint).
 PREDICTION_FILES = ('predictions.jsonl', 'statistics.json', 'metrics.json')
-TABLE_FILES = ('table.md', 'table.json')
+# A table's controlled-acceptance row (run_config.RunConfig.ceiling_alpha): its result, and its state folder.
+CONTROLLED_FILE, CONTROLLED_DIR = 'controlled.json', 'controlled'
+# Its verify-cost curve's widest call: γ up to 11 (the best γ at α* 0.9 was 8 on 2 cores).
+CONTROLLED_MAX_VERIFY_TOKENS = 12
+TABLE_FILES = ('table.md', 'table.json', CONTROLLED_FILE, CONTROLLED_DIR)
 
 
 def load_network(checkpoint: str, config: Optional[network.T5Config] = None, dtype: Optional[str] = None,
@@ -386,6 +392,18 @@ def _refuse_mismatched_outputs(output_dir: str, plans: Sequence[OutputPlan], ove
       raise fingerprint.ResumeRefused(reason)
 
 
+def _controlled_row(config: run_config.RunConfig, output_dir: str, target_module, target_params) -> Dict[str, Any]:
+  """The table's controlled-acceptance row (`ceiling.controlled_row`) on the first row's task and examples; its
+  verify curve and state kept under `output_dir`/controlled/, so a rerun resumes it."""
+  data, task = config.data, config.rows[0].task
+  examples = benchmark.load_examples(benchmark.TaskSplit(task, data.split, data.lengths, data.max_examples))
+  print(f'Controlled acceptance: the oracle drafter at α* {config.ceiling_alpha:g} on {task}', flush=True)
+  return ceiling.controlled_row(target_module, target_params, examples, data.lengths, config.ceiling_alpha,
+                                max_verify_tokens=min(CONTROLLED_MAX_VERIFY_TOKENS, data.lengths['targets'] - 1),
+                                state_dir=os.path.join(output_dir, CONTROLLED_DIR),
+                                log=lambda line: print(f'  {line}', flush=True))
+
+
 def _execute(config: run_config.RunConfig, output_dir: str, plans: Sequence[OutputPlan], mesh=None):
   """`run` after its checks, writing into the local directory `output_dir` what `plans` describe."""
   data, models_config = config.data, config.models
@@ -407,10 +425,17 @@ def _execute(config: run_config.RunConfig, output_dir: str, plans: Sequence[Outp
           benchmark.Output(os.path.join(output_dir, plan.subdir), overwrite=config.overwrite,
                            provenance=plan.provenance), benchmark.Measuring(mesh=mesh)))
     text = tables.table2_markdown(summaries, title=config.table_name)
+    out = {'rows': summaries}
+    if config.ceiling_alpha:
+      out['controlled'] = _controlled_row(config, output_dir, target_module, target_params)
+      text += '\n' + ceiling_report.controlled_row_markdown(
+          out['controlled'], tables.TASK_LABEL.get(config.rows[0].task, config.rows[0].task))
+      fileio.atomic_write(os.path.join(output_dir, CONTROLLED_FILE),
+                          json.dumps(out['controlled'], indent=2).encode())
     fileio.atomic_write(os.path.join(output_dir, 'table.md'), text.encode())
     fileio.atomic_write(os.path.join(output_dir, 'table.json'), json.dumps(summaries, indent=2).encode())
     print(text, flush=True)
-    return {'rows': summaries}
+    return out
 
   (plan,) = plans
   setting = config.decoding

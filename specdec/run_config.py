@@ -105,6 +105,9 @@ class RunConfig:
   num_partitions: model-parallel size of a ('data', 'model') mesh over all devices; None: one device.
   overwrite: discard what an earlier run wrote into output_dir and start afresh (without it a rerun resumes,
     and only a run of the same configuration).
+  ceiling_alpha: mode 'table': also measure, and print under the table, one row of the oracle drafter of
+    controlled acceptance at this α* on the first row's task (batch 1, greedy, γ the best of this machine's
+    verify-cost curve; `ceiling.controlled_row`): what the loop gives when drafts are good. 0: none.
   """
   output_dir: str = ''
   mode: str = 'benchmark'
@@ -115,6 +118,7 @@ class RunConfig:
   table_name: str = 'Table 2 analogue'
   num_partitions: Optional[int] = None
   overwrite: bool = False
+  ceiling_alpha: float = 0.0
 
 
 def table_rows(config: RunConfig) -> Tuple[Row, ...]:
@@ -173,6 +177,13 @@ def check_settings(config: RunConfig) -> None:
       raise ConfigError("mode='table' needs rows (a list of run_config.Row or of dicts with its fields).")
     for i, row in enumerate(table_rows(config)):
       _checked_setting(row_setting(row, config.decoding), f'table row {i + 1} ({row.task}, {row.drafter}): ')
+  alpha = config.ceiling_alpha
+  if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0.0 <= alpha <= 1.0:
+    raise ConfigError(f'ceiling_alpha must be a number in [0, 1] (0: no controlled-acceptance row), got {alpha!r}.')
+  if alpha and config.mode != 'table':
+    raise ConfigError(f"ceiling_alpha ({alpha:g}) adds a row to a table: it needs mode='table', not {config.mode!r}.")
+  if alpha and config.num_partitions:
+    raise ConfigError('ceiling_alpha measures on one device: it cannot run with num_partitions.')
   if config.mode == 'benchmark' and not config.models.drafter_checkpoint:
     raise ConfigError('The benchmark needs a drafter: set DRAFTER_CHECKPOINT.')
 

@@ -59,6 +59,17 @@ def test_a_given_verify_curve_is_used_not_measured_again(monkeypatch):
     ceiling.measure(*target, _examples(1), LENGTHS, settings, verify_curves={1: dict(curve, tokens=[1, 2])})
 
 
+@pytest.mark.parametrize('kwargs, match', [
+    (dict(alpha=0.0), r'alpha must be in \(0, 1\]'), (dict(alpha=1.2), 'alpha'),
+    (dict(max_verify_tokens=1), 'max_verify_tokens must be an integer >= 2'), (dict(examples=[]), 'at least one'),
+])
+def test_controlled_row_refuses_bad_settings_before_measuring(kwargs, match, monkeypatch):
+  monkeypatch.setattr(profiling, 'verify_cost_curve', lambda *a, **k: pytest.fail('measured before the check'))
+  examples = kwargs.pop('examples', _examples(1))
+  with pytest.raises(ValueError, match=match):
+    ceiling.controlled_row(*_tiny(0), examples, LENGTHS, **kwargs)
+
+
 @pytest.fixture(scope='module')
 def measured(tmp_path_factory):
   target = _tiny(0)

@@ -32,6 +32,7 @@ from specdec import network
 from specdec import ngram
 from specdec import run_config
 from specdec import tasks
+from specdec import theory
 
 TESTDATA = os.path.join(os.path.dirname(__file__), 'testdata', 'tasks')
 FIXTURE_CORPUS = os.path.join(TESTDATA, 'corpus')
@@ -249,6 +250,8 @@ def test_a_binding_without_a_value_is_one_line():
       "--gin.run_config.RunConfig.rows=[{'task': 't', 'drafter': 'd1', 'temperature': 0.0, 'gamma': 0}]"], 'd1',
      'table row 1 .*gamma'),
     (["--gin.run_config.DataConfig.feature_lengths={'inputs': 16}"], 'd1', 'feature_lengths'),
+    (['--gin.run_config.RunConfig.ceiling_alpha=1.5'], 'd1', r'ceiling_alpha must be a number in \[0, 1\]'),
+    (['--gin.run_config.RunConfig.ceiling_alpha=0.9'], 'd1', "ceiling_alpha .* needs mode='table'"),
 ])
 def test_bad_settings_are_one_line_before_anything_is_read_or_written(family, tmp_path, extra, drafter, match):
   flags = _flags(family, tmp_path / 'out', *extra, drafter=drafter)
@@ -334,7 +337,8 @@ def test_help_lists_modes_gin_folders_and_the_main_jobs_macros(capsys):
     for folder in ('models', 'tasks', 'decoding', 'experiments', 'train'):
       assert f'  gin/{folder}: ' in text
     values = gin_utils.macro_values([main.DEFAULT_GIN_FILE])
-    for macro in ('GAMMA', 'ENDE_DRAFTER', 'SUMMARIZE_DRAFTER', 'OUTPUT_DIR', 'TARGET_CHECKPOINT', 'DRAFT_CONFIDENCE'):
+    for macro in ('GAMMA', 'ENDE_DRAFTER', 'SUMMARIZE_DRAFTER', 'OUTPUT_DIR', 'TARGET_CHECKPOINT', 'DRAFT_CONFIDENCE',
+                  'CEILING_ALPHA'):
       assert f'  {macro} = {values[macro]!r}\n' in text + '\n'
 
 
@@ -482,6 +486,34 @@ def _one_row_table(tmp_path, task='specdec_ende_local', table_name=None, drafter
       + (f"  table_name = '{table_name}'\n" if table_name else '')
       + f"  rows = [{{'task': '{task}', 'drafter': '{drafter}', 'temperature': 0.0, 'gamma': %GAMMA}}]\n")
   return str(gin_file)
+
+
+def test_a_table_prints_a_controlled_acceptance_row_and_resumes_it(family, tmp_path, monkeypatch):
+  """ceiling_alpha adds the oracle's row under the table (marked controlled acceptance), at the γ the measured
+  verify-cost curve favours; a rerun reads it back without measuring again."""
+  out = tmp_path / 'table'
+  flags = [f for f in _flags(family, out, gin_file=_one_row_table(tmp_path))
+           if not f.startswith('--gin.DRAFTER_CHECKPOINT')] + ['--gin.run_config.RunConfig.ceiling_alpha=0.9']
+  _main(flags)
+  row = json.loads((out / main.CONTROLLED_FILE).read_text())
+  assert row['drafter'] == 'controlled acceptance' and row['alpha_target'] == 0.9 and row['batch'] == 1
+  assert row['identical'] and row['examples'] == 2 and 0.0 <= row['alpha_measured'] <= 1.0
+  # The decode length is 8: the curve covers k = 1..7 and γ + 1 lies on it.
+  assert row['verify_curve']['tokens'] == list(range(1, 8)) and 1 <= row['gamma'] <= 6
+  ratios = dict(zip(row['verify_curve']['tokens'], row['verify_curve']['ratio']))
+  assert row['gamma'] == theory.best_gamma(0.9, 0.0, ratios)[0]
+  text = (out / 'table.md').read_text()
+  assert '### When drafts are good: controlled acceptance (not a drafter)' in text
+  assert f"| En→De (DDTP) | controlled acceptance (oracle) | 0.9 | {row['gamma']} |" in text
+  assert text.index('| En→De (DDTP) | d1 |') < text.index('controlled acceptance (oracle)')
+
+  def measured_again(*args, **kwargs):
+    raise AssertionError('the controlled row was measured again')
+
+  monkeypatch.setattr(profiling, 'verify_cost_curve', measured_again)
+  monkeypatch.setattr(profiling, 'time_side_by_side', measured_again)
+  _main(flags)
+  assert json.loads((out / main.CONTROLLED_FILE).read_text()) == row
 
 
 def test_table_rows_are_checked_before_any_model_loads(family, tmp_path, monkeypatch):
