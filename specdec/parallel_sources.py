@@ -305,13 +305,27 @@ def gettext_pairs(package_root: str, package: str
 BLOCK_TAGS = frozenset((
     "p", "li", "dt", "dd", "td", "th", "h1", "h2", "h3", "h4", "h5", "h6",
     "title", "caption", "figcaption", "blockquote", "div", "section",
-    "table", "tr", "ul", "ol", "dl", "body", "article", "header", "footer",
-    "nav", "aside", "main"))
-# Text inside these is not prose (program listings, scripts, navigation).
-SKIP_TAGS = frozenset(("pre", "script", "style", "head", "nav", "screen",
-                       "programlisting", "object", "svg", "noscript"))
+    "table", "tr", "ul", "ol", "dl", "body", "article", "header", "aside",
+    "main"))
+# Text inside these is not prose (program listings, scripts, navigation,
+# page footers with build details).
+SKIP_TAGS = frozenset(("pre", "script", "style", "head", "nav", "footer",
+                       "screen", "programlisting", "object", "svg",
+                       "noscript"))
 _VOID_TAGS = frozenset(("br", "hr", "img", "meta", "link", "input", "wbr",
                         "col", "area", "base", "source"))
+
+
+def _skipped(tag: str, attrs: Sequence[Tuple[str, Optional[str]]]) -> bool:
+  """Whether an element's text is left out.
+
+  Besides ``SKIP_TAGS``: a hidden element with a class is one case of a
+  switch (LibreOffice's help shows ``class="MAC"`` or ``class="CALC"`` text
+  instead of the default case, which has no class): keeping every case
+  would glue them together ("CommandCtrl").
+  """
+  names = {name for name, _ in attrs}
+  return tag in SKIP_TAGS or ("hidden" in names and "class" in names)
 
 
 class _BlockParser(html.parser.HTMLParser):
@@ -320,7 +334,7 @@ class _BlockParser(html.parser.HTMLParser):
   def __init__(self):
     super().__init__(convert_charrefs=True)
     self.blocks: List[Tuple[str, str]] = []
-    self._stack: List[str] = []
+    self._stack: List[Tuple[str, bool]] = []  # (tag, skipped)
     self._skip = 0
     self._text: List[str] = []
 
@@ -328,7 +342,7 @@ class _BlockParser(html.parser.HTMLParser):
     text = normalize_ws("".join(self._text))
     self._text = []
     if text:
-      block = next((t for t in reversed(self._stack) if t in BLOCK_TAGS), "")
+      block = next((t for t, _ in reversed(self._stack) if t in BLOCK_TAGS), "")
       self.blocks.append((block, text))
 
   def handle_starttag(self, tag, attrs):
@@ -336,21 +350,20 @@ class _BlockParser(html.parser.HTMLParser):
       if tag == "br":
         self._text.append(" ")
       return
+    skipped = _skipped(tag, attrs)
     if tag in BLOCK_TAGS or tag in SKIP_TAGS:
       self._flush()
-    if tag in SKIP_TAGS:
-      self._skip += 1
-    self._stack.append(tag)
+    self._skip += skipped
+    self._stack.append((tag, skipped))
 
   def handle_endtag(self, tag):
-    if tag in _VOID_TAGS or tag not in self._stack:
+    if tag in _VOID_TAGS or tag not in (t for t, _ in self._stack):
       return
     if tag in BLOCK_TAGS or tag in SKIP_TAGS:
       self._flush()
     while self._stack:  # also closes tags left open inside it
-      top = self._stack.pop()
-      if top in SKIP_TAGS:
-        self._skip -= 1
+      top, skipped = self._stack.pop()
+      self._skip -= skipped
       if top == tag:
         break
 

@@ -236,6 +236,12 @@ def test_html_blocks():
   assert ps.html_blocks(page) == [
       ("h1", "Head line"), ("p", "A bold & x word."), ("li", "one"),
       ("p", "nested para"), ("li", "tail"), ("p", "line break")]
+  # A switch's cases: the classed hidden ones go, the default stays; a
+  # footer (build details) goes.
+  switch = ('<p>Press <span class="switchinline"><span hidden="true" '
+            'class="MAC">Command</span><span hidden="true" id="d">Ctrl'
+            '</span></span> + F now.</p><footer><p>Title is: X</p></footer>')
+  assert ps.html_blocks(switch) == [("p", "Press Ctrl + F now.")]
 
 
 def test_align_blocks_needs_same_structure():
