@@ -28,12 +28,13 @@ import datetime
 import json
 import os
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec import auto_gamma
 from specdec import batch_shrink
 from specdec import decoding
 from specdec import feature_drafter
@@ -59,8 +60,9 @@ OUTPUT_FILES = ('examples.jsonl', 'benchmark.json', 'benchmark.csv', 'benchmark.
 
 @dataclasses.dataclass(frozen=True)
 class Setting:
-  """One benchmark configuration (the decoding side)."""
-  gamma: int = 5
+  """One benchmark configuration (the decoding side). `gamma`: drafts per round, or 'auto' (`auto_gamma`: chosen at
+  the start of the run from this machine's verify-cost curve, a calibration α and the in-loop c)."""
+  gamma: Union[int, str] = 5
   temperature: float = 0.0
   topk: int = 0
   topp: float = 0.0
@@ -72,13 +74,18 @@ class Setting:
   draft_confidence: float = 0.0
 
   def validate(self) -> None:
-    decoding.validate_settings(self.temperature, self.topk, self.topp, gamma=self.gamma,
+    if isinstance(self.gamma, str) and not auto_gamma.is_auto(self.gamma):
+      raise ValueError(f"gamma must be an int >= 1 or '{auto_gamma.AUTO}', got {self.gamma!r}.")
+    decoding.validate_settings(self.temperature, self.topk, self.topp,
+                               gamma=1 if auto_gamma.is_auto(self.gamma) else self.gamma,
                                draft_confidence=self.draft_confidence)
     if self.batch_size < 1 or self.repeats < 1:
       raise ValueError(f'batch_size and repeats must be >= 1, got {self.batch_size}, {self.repeats}.')
 
   def speculative_params(self) -> Dict[str, Any]:
     """`decoder_params` plus γ, statistics and (when on) adaptive drafting."""
+    if auto_gamma.is_auto(self.gamma):
+      raise ValueError("gamma='auto' is resolved by benchmark.run before any decoder is compiled.")
     params = dict(self.decoder_params(), gamma=self.gamma, return_stats=True)
     if self.draft_confidence:
       params['draft_confidence'] = float(self.draft_confidence)
@@ -273,7 +280,7 @@ def run(models: ModelPair, data: TaskSplit, setting: Setting, output: Output,
   """
   import seqio  # pylint: disable=g-import-not-at-top
 
-  validate(models, setting)
+  validate(models, setting, measuring.mesh)
   task = seqio.get_mixture_or_task(data.task)
   vocab = task.output_features['targets'].vocabulary
   recorded = fingerprint.prepare(
@@ -281,8 +288,12 @@ def run(models: ModelPair, data: TaskSplit, setting: Setting, output: Output,
                                             models.drafter_name, output.provenance, measuring.mesh),
       OUTPUT_FILES, output.overwrite, output.remedy)
   examples = load_examples(data)
-  decoders = compile_decoders(models, vocab, setting, measuring.mesh)
   batches = make_batches(examples, data.lengths, setting.batch_size, setting.length_buckets)
+  chosen = None
+  if auto_gamma.is_auto(setting.gamma):  # fingerprinted as 'auto'; decoded, costed and reported at the choice
+    chosen = _choose_gamma(models, vocab, setting, batches, output.output_dir)
+    setting = dataclasses.replace(setting, gamma=chosen['gamma'])
+  decoders = compile_decoders(models, vocab, setting, measuring.mesh)
   examples_path = os.path.join(output.output_dir, 'examples.jsonl')
   done = _resume(examples_path, len(examples))
 
@@ -299,13 +310,28 @@ def run(models: ModelPair, data: TaskSplit, setting: Setting, output: Output,
                   'cost_measurement': time.perf_counter() - cost_start}
   summary = _summarize(models, data, setting, output, records, costs, in_loop_by_rows, quality, wall_seconds,
                        recorded)
+  if chosen is not None:
+    summary['gamma_auto'] = chosen
   write_outputs(output.output_dir, summary, records, output.write_plot)
   return summary
 
 
-def validate(models: ModelPair, setting: Setting) -> None:
+def _choose_gamma(models: ModelPair, vocab, setting: Setting, batches, output_dir: str) -> Dict[str, Any]:
+  """`auto_gamma.choose` with this run's models and decoders (kept in output_dir, so a resumed run keeps it)."""
+  probe = dataclasses.replace(setting, gamma=auto_gamma.PROBE_GAMMA)
+  decoders = compile_decoders(models, vocab, probe)
+  return auto_gamma.choose(
+      models.target_module, models.target_params, models.drafter_module, models.drafter_params,
+      [batch for _, batch in batches], decoders.spec_predict, decoders.base_predict, decoders.params, decoders.base_params, probe.speculative_params(), setting.seed,
+      models.draft_vocab_ids, os.path.join(output_dir, auto_gamma.FILE_NAME),
+      log=lambda line: print(line, flush=True))
+
+
+def validate(models: ModelPair, setting: Setting, mesh=None) -> None:
   """Raises ValueError for a setting or a pair of models that cannot be benchmarked (before anything is written)."""
   setting.validate()
+  if auto_gamma.is_auto(setting.gamma) and mesh is not None:
+    raise ValueError("gamma='auto' measures its choice on one device: give γ as an int on a mesh.")
   if isinstance(models.drafter_module, oracle.OracleDrafter):
     raise ValueError('the oracle drafter is a measuring instrument of controlled acceptance, not a drafter: '
                      'its rows belong in specdec/ceiling.py reports (scripts/ceiling.py), never in a '

@@ -216,7 +216,8 @@ def benchmark_markdown(summary: Mapping[str, Any]) -> str:
   s = summary
   setting = s['setting']
   lines = [
-      f"# Benchmark: {s['task']}:{s['split']}, drafter {s['drafter']}, γ={setting['gamma']}, "
+      f"# Benchmark: {s['task']}:{s['split']}, drafter {s['drafter']}, γ={setting['gamma']}"
+      f"{' (auto)' if s.get('gamma_auto') else ''}, "
       f"temperature {setting['temperature']:g}, batch {setting['batch_size']}",
       '',
       f"{s['date']} · {s['machine']['processor']}, {s['machine']['cpu_count']} CPUs · "

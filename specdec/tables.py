@@ -38,6 +38,12 @@ def paper_row(task: str, drafter: str, temperature: float) -> Optional[Tuple[int
   return PAPER_TABLE2.get(key)
 
 
+def gamma_label(summary: Mapping[str, Any]) -> str:
+  """A benchmark summary's γ, marked where `gamma = 'auto'` chose it (`auto_gamma`)."""
+  gamma = summary['setting']['gamma']
+  return f'{gamma} (auto)' if summary.get('gamma_auto') else str(gamma)
+
+
 def table2_markdown(summaries: Sequence[Mapping[str, Any]], title: str = 'Table 2 analogue') -> str:
   """One line per benchmark summary, with the paper's row for the corresponding drafter beside it."""
   lines = [
@@ -58,7 +64,7 @@ def table2_markdown(summaries: Sequence[Mapping[str, Any]], title: str = 'Table 
     identical = ('-' if s.get('identical_rate') is None
                  else f"{100 * s['identical_rate']:.0f}%")
     lines.append(
-        f"| {TASK_LABEL.get(s['task'], s['task'])} | {s['drafter']} | {temp:g} | {s['setting']['gamma']} | "
+        f"| {TASK_LABEL.get(s['task'], s['task'])} | {s['drafter']} | {temp:g} | {gamma_label(s)} | "
         f"{s['setting'].get('batch_size', 1)} | "
         f"{s['alpha_accept']:.2f} | {s['alpha_overlap']:.2f} | {s['tokens_per_target_call']:.2f} | "
         f"{s['costs']['c']:.3f} | {s['costs']['verify_cost_ratio']:.2f} | "
@@ -76,6 +82,16 @@ def table2_markdown(summaries: Sequence[Mapping[str, Any]], title: str = 'Table 
               'commit), timed inside the compiled loop in baseline-round units, beside the isolated c and '
               'verify/1-token; "predicted (in loop)" is the speedup those in-loop costs predict, so a slow row '
               'shows whether α or the loop is at fault (`profiling.in_loop_costs`).']
+    for x in summaries:
+      auto = x.get('gamma_auto')
+      if auto:
+        curve = auto['verify_curve']
+        ratios = ', '.join(f'{k}: {r:.2f}' for k, r in zip(curve['tokens'][1:], curve['ratio'][1:]))
+        lines += ['', f"γ (auto) of {TASK_LABEL.get(x['task'], x['task'])}, {x['drafter']}, t = "
+                  f"{x['setting']['temperature']:g}: **{auto['gamma']}**, the best for α {auto['alpha']:.2f} "
+                  f"(calibration at γ {auto['probe_gamma']}) and in-loop c {auto['c_in_loop']:.3f} on this "
+                  f"machine's verify-cost curve (k tokens: cost over a 1-token call; {ratios}), predicted "
+                  f"{auto['predicted_speedup']:.2f}× (`auto_gamma`)."]
     batches = sorted({x['setting'].get('batch_size', 1) for x in summaries})
     if batches != [1]:
       lines += ['', 'At batch > 1 a row of the table times whole batches (a batch takes as long as its slowest '

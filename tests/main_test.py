@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from specdec import auto_gamma
 from specdec import benchmark
 from specdec import checkpoints
 from specdec import fingerprint
@@ -486,6 +487,37 @@ def _one_row_table(tmp_path, task='specdec_ende_local', table_name=None, drafter
       + (f"  table_name = '{table_name}'\n" if table_name else '')
       + f"  rows = [{{'task': '{task}', 'drafter': '{drafter}', 'temperature': 0.0, 'gamma': %GAMMA}}]\n")
   return str(gin_file)
+
+
+def test_a_table_row_of_gamma_auto_decodes_at_the_gamma_it_chose_and_keeps_it(family, tmp_path, monkeypatch):
+  """GAMMA='auto': the row's γ is chosen from the measured curve, α and c (auto_gamma), it decodes and is costed
+  at that γ, the table says so with the curve, and a rerun keeps the choice without measuring it again."""
+  out = tmp_path / 'table'
+  flags = [f for f in _flags(family, out, gin_file=_one_row_table(tmp_path))
+           if not f.startswith(('--gin.DRAFTER_CHECKPOINT', '--gin.GAMMA'))] + ["--gin.GAMMA='auto'"]
+  _main(flags)
+  row_dir = out / 'specdec_ende_local_d1_t0_gauto'
+  summary = json.loads((row_dir / 'benchmark.json').read_text())
+  chosen = json.loads((row_dir / 'gamma_auto.json').read_text())
+  assert summary['gamma_auto'] == chosen and summary['fingerprint']['gamma'] == 'auto'
+  assert summary['setting']['gamma'] == chosen['gamma'] >= 1
+  assert chosen['gamma'] == auto_gamma.pick(chosen['alpha'], chosen['c_in_loop'], chosen['verify_curve'])['gamma']
+  text = (out / 'table.md').read_text()
+  assert f"| En→De (DDTP) | d1 | 0 | {chosen['gamma']} (auto) |" in text
+  assert f"γ (auto) of En→De (DDTP), d1, t = 0: **{chosen['gamma']}**" in text
+
+  def measured_again(*args, **kwargs):
+    raise AssertionError('the choice was measured again')
+
+  monkeypatch.setattr(profiling, 'verify_cost_curve', measured_again)
+  monkeypatch.setattr(profiling, 'time_phases', measured_again)
+  _main(flags)
+  assert json.loads((row_dir / 'benchmark.json').read_text())['gamma_auto'] == chosen
+
+
+def test_a_gamma_that_is_neither_an_int_nor_auto_is_one_line(family, tmp_path):
+  flags = [f for f in _flags(family, tmp_path / 'out') if not f.startswith('--gin.GAMMA')] + ["--gin.GAMMA='best'"]
+  _assert_one_line(flags, r"gamma must be an int >= 1 or 'auto', got 'best'", tmp_path / 'out')
 
 
 def test_a_table_prints_a_controlled_acceptance_row_and_resumes_it(family, tmp_path, monkeypatch):
