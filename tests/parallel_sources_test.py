@@ -225,6 +225,52 @@ def test_gettext_pairs(packages):
   assert stats["pairs"] == 7
 
 
+def _write_wheel(path, project, entries):
+  """A wheel (zip) holding a German and a French catalog of `project`."""
+
+  import zipfile  # pylint: disable=g-import-not-at-top
+  tmp = os.path.join(os.path.dirname(path), "tmp.mo")
+  write_mo(tmp, entries)
+  with open(tmp, "rb") as f:
+    mo = f.read()
+  os.remove(tmp)
+  with zipfile.ZipFile(path, "w") as z:
+    z.writestr(f"{project}/locale/de/LC_MESSAGES/django.mo", mo)
+    z.writestr(f"{project}/locale/fr/LC_MESSAGES/django.mo", mo)
+    z.writestr(f"{project}/__init__.py", "")
+
+
+
+WEB = [(b"Delete the selected ticket now", b"Das ausgew\xc3\xa4hlte Ticket jetzt l\xc3\xb6schen"),
+       (b"Sold %(count)s tickets", b"%(count)s Tickets verkauft")]
+
+
+def test_wheel_pairs(tmp_path):
+  assert ps.wheel_project("plone_app_locales-7.0.4-py3-none-any.whl") == (
+      "plone-app-locales")
+  with pytest.raises(ValueError, match="not a wheel"):
+    ps.wheel_project("x.zip")
+  wheel = str(tmp_path / "tiny_shop-1.0-py3-none-any.whl")
+  _write_wheel(wheel, "tiny_shop", WEB)
+  pairs, stats, catalogs = ps.wheel_pairs(wheel)
+  assert catalogs == ["tiny_shop/locale/de/LC_MESSAGES/django.mo"]
+  assert [(p.inputs, p.package, p.origin) for p in pairs] == [
+      ("Delete the selected ticket now", "pypi-tiny-shop", "pypi:tiny-shop")]
+  assert stats["dropped_placeholder"] == 1
+  pairs, _, _ = ps.wheel_pairs(wheel, debian_package="luola-data")
+  assert pairs[0].package == "luola-data"  # held out like that package
+
+
+def test_download_wheels_offline(tmp_path):
+  _write_wheel(str(tmp_path / "tiny_shop-1.0-py3-none-any.whl"), "tiny_shop", WEB)
+  assert ps.download_wheels(["tiny.shop==1.0"], str(tmp_path), download=False) == [
+      str(tmp_path / "tiny_shop-1.0-py3-none-any.whl")]
+  with pytest.raises(RuntimeError, match="not downloaded: tiny-shop==2.0"):
+    ps.download_wheels(["tiny-shop==2.0"], str(tmp_path), download=False)
+  with pytest.raises(ValueError, match="pinned"):
+    ps.download_wheels(["tiny-shop"], str(tmp_path), download=False)
+
+
 # ------------------------------------------------------------------ docs
 
 
@@ -438,17 +484,24 @@ def test_extra_train_rows_rules():
 
 def test_build_corpus_script_with_extras(packages, tmp_path):
   out, summary = tmp_path / "c", tmp_path / "summary"
+  os.makedirs(tmp_path / "extra" / "wheels")
+  _write_wheel(str(tmp_path / "extra" / "wheels" / "tiny_shop-1.0-py3-none-any.whl"),
+               "tiny_shop", WEB)
   cmd = [sys.executable, os.path.join(REPO, "scripts", "build_corpus.py"),
          "--lists_dir", LISTS, "--out", str(out), "--ratios", "0.5,0.25,0.25",
          "--extra_packages_dir", packages,
          "--doc_packages", "tinydoc-en:tinydoc-de",
-         "--gettext_packages", ",".join(GETTEXT), "--summary", str(summary)]
+         "--gettext_packages", ",".join(GETTEXT), "--summary", str(summary),
+         "--extra_dir", str(tmp_path / "extra"), "--pypi_packages", "tiny-shop==1.0"]
   proc = subprocess.run(cmd, capture_output=True, text=True, check=True,
                         cwd=str(tmp_path))
   assert "gettext:tinyapp-l10n" in proc.stdout
   manifest = corpora.verify_manifest(str(out))
   origins = manifest["corpora"][corpora.TRANSLATION_CORPUS]["origins"]["train"]
   assert origins["ddtp"] == 22 and origins["doc:tinydoc-de"] > 0
+  assert origins["pypi:tiny-shop"] == 1
+  assert [i["name"] for i in manifest["extra_sources"]["inputs"]] == [
+      "tiny_shop-1.0-py3-none-any.whl"]
   text = (summary / "summary.md").read_text()
   assert "| gettext:tinyapp-l10n |" in text and "Command: `python scripts/" in text
   assert fileio.read_json_object(str(summary / "manifest.json")) == manifest
