@@ -153,6 +153,30 @@ def test_the_readme_is_short_and_the_docs_index_lists_every_page():
       assert f'({os.path.basename(page)})' in index, page
 
 
+def test_the_layout_names_every_module():
+  layout = _read('docs/layout.md')
+  modules = sorted(os.path.basename(p) for p in glob.glob(os.path.join(REPO, 'specdec', '*.py')))
+  assert [m for m in modules if m != '__init__.py' and f'`specdec/{m}`' not in layout] == []
+
+
+def test_the_layout_says_who_imports_whom():
+  """docs/layout.md: a module imports only from its own layer (a `## ` section) or the ones listed before it."""
+  layer, level = -1, {}
+  for line in _read('docs/layout.md').split('\n'):
+    layer += line.startswith('## ')
+    match = re.match(r'\| `specdec/(\w+)\.py`', line)
+    if match:
+      level[match.group(1)] = layer
+  upward = []
+  for module, own in level.items():
+    source = _read(f'specdec/{module}.py')
+    for dotted, name in set(re.findall(r'^ *from specdec(?:\.(\w+))? import (\w+)', source, re.M)):
+      name = dotted or name
+      if level.get(name, -1) > own:
+        upward.append(f'{module} imports {name}')
+  assert upward == []
+
+
 @pytest.mark.parametrize('page', [p for p in PAGES if p.startswith('docs/') and p != 'docs/README.md'])
 def test_each_docs_page_opens_with_a_summary(page):
   lines = _read(page).split('\n')
