@@ -35,7 +35,7 @@ from specdec import parallel_sources  # pylint: disable=g-import-not-at-top
 def summary_markdown(manifest, command: str) -> str:
   """A short Markdown summary of a built corpus's manifest."""
   t = manifest["corpora"][corpora.TRANSLATION_CORPUS]
-  lines = [f"# Corpus build: rows per split and source", "",
+  lines = ["# Corpus build: rows per split and source", "",
            f"Command: `{command}`", "",
            "| corpus | split | rows | sha256 |", "|---|---|---:|---|"]
   for name, corpus in manifest["corpora"].items():
