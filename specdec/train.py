@@ -39,6 +39,7 @@ MODEL_DIR, `export_dir`, `init_from_dir` and `teacher_dir` may be gs:// paths
 (tf.io.gfile), checkpoints through Orbax, which writes there itself.
 """
 
+import dataclasses
 import functools
 import gc
 import itertools
@@ -508,7 +509,8 @@ class Trainer:
     if init.init_matching_only:
       params = _matching_params(network.init_params(config, jax.random.PRNGKey(self.config.seed)),
                                 params, init.init_from_dir)
-    elif init_config != config:
+    elif dataclasses.replace(init_config, dropout_rate=config.dropout_rate) != config:
+      # Dropout is how a run trains, not a part of the params: a continued run may set its own.
       raise ValueError(f'init_from_dir={init.init_from_dir} holds a different '
                        f'config: {init_config} vs {config}.')
     return partitioning.put_tree(params, shardings)

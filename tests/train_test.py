@@ -535,6 +535,12 @@ class TestFirstRun:
       near = np.abs(np.asarray(got) - np.asarray(start)).max()
       assert near < 0.5 * np.abs(np.asarray(far) - np.asarray(start)).max() + 1e-6
 
+  def test_init_with_another_dropout_rate(self, first_run, tmp_path):
+    """Dropout is how a run trains, not part of the params: a continued run may set its own."""
+    record = train.train(str(tmp_path / 'dropout'), dataclasses.replace(CFG, dropout_rate=0.1), **dict(
+        RUN_KWARGS, num_steps=1, init_from_dir=first_run['export_dir']))
+    assert record['step'] == 1
+
   def test_init_from_mismatched_config(self, first_run, tmp_path):
     other = network.t5_1_1_config('tiny', vocab_size=CFG.vocab_size,
                                   dropout_rate=0.0, emb_dim=16)
