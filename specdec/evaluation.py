@@ -130,3 +130,33 @@ def target_confidence(module, params, examples: List[Mapping[str, Any]], feature
           'share_top1_at_least_0.5': float(np.mean(top1 >= 0.5)),
           'share_top1_at_least_0.9': float(np.mean(top1 >= 0.9)),
           'entropy_mean_nats': float(np.mean(entropy)), 'argmax_agreement': float(np.mean(agree))}
+
+
+def token_loss(module, params, examples: List[Mapping[str, Any]], feature_lengths: Mapping[str, int],
+               batch_size: int = 32) -> Dict[str, float]:
+  """Teacher-forced cross-entropy of `examples`' targets (their tokens up to `feature_lengths['targets']`, EOS
+  included): {'loss': mean nats per target token, 'tokens': how many}. The same examples give every model the
+  same tokens, so two targets' losses compare directly (unlike a packed training batch's)."""
+  out_len = feature_lengths['targets']
+
+  @jax.jit
+  def summed(params, encoder_input_tokens, targets_bl):
+    decoder_input_tokens = jnp.pad(targets_bl, ((0, 0), (1, 0)))[:, :-1]
+    logits = module.apply({'params': params}, encoder_input_tokens, decoder_input_tokens, targets_bl,
+                          enable_dropout=False)
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    nll_bl = -jnp.take_along_axis(logp, targets_bl[..., None], axis=-1)[..., 0]
+    mask_bl = targets_bl > 0
+    return jnp.sum(jnp.where(mask_bl, nll_bl, 0.0)), jnp.sum(mask_bl)
+
+  total, count = 0.0, 0
+  for batch, chunk in batches(examples, feature_lengths, batch_size):
+    targets_bl = np.zeros((batch_size, out_len), np.int32)
+    for row, ex in enumerate(chunk):
+      tokens = np.asarray(ex['targets'])[:out_len]
+      targets_bl[row, :len(tokens)] = tokens
+    s, c = summed(params, batch['encoder_input_tokens'], targets_bl)
+    total, count = total + float(s), count + int(c)
+  if not count:
+    raise ValueError('token_loss: the examples hold no target tokens.')
+  return {'loss': total / count, 'tokens': count}

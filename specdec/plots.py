@@ -148,3 +148,26 @@ def plot_accelerator(path: str, rep: Mapping[str, Any]) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc='upper left')
   save_png(fig, path)
+
+
+def plot_learning_curve(path: str, curve: Mapping[str, Any], start: Mapping[str, Any]) -> None:
+  """A training run's evaluations (`scripts/compare_targets.py`): validation loss (left) and En→De BLEU on 64
+  validation examples (right) against steps; the starting target's whole-split BLEU as a dashed line."""
+  plt = pyplot()
+  points = curve['points']
+  fig, (loss_ax, bleu_ax) = plt.subplots(1, 2, figsize=(11, 4.2))
+  steps = [p['step'] for p in points]
+  loss_ax.plot(steps, [p['eval_loss'] for p in points], 'o-')
+  loss_ax.set_xlabel('step')
+  loss_ax.set_ylabel('validation loss (training mixture)')
+  bleu_ax.plot(steps, [p['bleu'] for p in points], 'o-', label='En→De BLEU, 64 validation examples')
+  bleu_ax.axhline(start['ende_validation']['bleu'], color='grey', ls='--',
+                  label=f"start ({start['path']}), whole validation split")
+  bleu_ax.set_xlabel('step')
+  bleu_ax.set_ylabel('BLEU')
+  bleu_ax.legend(fontsize=8)
+  for ax in (loss_ax, bleu_ax):
+    ax.grid(alpha=0.3)
+  if curve.get('minutes_per_step'):
+    fig.suptitle(f"{curve['minutes_per_step'] * 60:.1f} s a step on this CPU", fontsize=9)
+  save_png(fig, path)

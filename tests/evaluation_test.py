@@ -312,3 +312,35 @@ def test_target_confidence_reads_the_targets_own_greedy_decodes():
   assert 1.0 / vocab <= conf['top1_median'] <= 1.0 and 1.0 / vocab <= conf['top1_mean'] <= 1.0
   assert 0.0 <= conf['share_top1_at_least_0.9'] <= conf['share_top1_at_least_0.5'] <= 1.0
   assert 0.0 <= conf['entropy_mean_nats'] <= np.log(vocab) + 1e-5
+
+
+def test_token_loss_is_the_mean_teacher_forced_cross_entropy():
+  import jax  # pylint: disable=g-import-not-at-top
+  from specdec import network  # pylint: disable=g-import-not-at-top
+  vocab = 48
+  config = network.t5_1_1_config('tiny', vocab_size=vocab)
+  module, params = network.Transformer(config), network.init_params(config, jax.random.PRNGKey(4))
+  rng = np.random.RandomState(1)
+  examples = [{'inputs': rng.randint(2, vocab, size=rng.randint(3, 8)),
+               'targets': np.append(rng.randint(2, vocab, size=rng.randint(2, 6)), 1)} for _ in range(3)]
+  lengths = {'inputs': 8, 'targets': 6}
+  got = evaluation.token_loss(module, params, examples, lengths, batch_size=2)  # a padded last batch
+  # By hand, one example at a time: -log p(target_t | target_<t) from the full-sequence logits.
+  total, count = 0.0, 0
+  for ex in examples:
+    tgt = np.asarray(ex['targets'])[:lengths['targets']]
+    enc = np.zeros((1, lengths['inputs']), np.int32)
+    enc[0, :len(ex['inputs'])] = ex['inputs']
+    dec_in = np.zeros((1, len(tgt)), np.int32)
+    dec_in[0, 1:] = tgt[:-1]
+    logits = np.asarray(module.apply({'params': params}, enc, dec_in, tgt[None], enable_dropout=False))[0]
+    logp = logits - np.log(np.sum(np.exp(logits - logits.max(-1, keepdims=True)), -1, keepdims=True)) \
+        - logits.max(-1, keepdims=True)
+    total -= sum(logp[t, tok] for t, tok in enumerate(tgt))
+    count += len(tgt)
+  assert got['tokens'] == count
+  # float32 sums of a few dozen terms of size ~log(48): a relative error of a few 1e-6.
+  assert got['loss'] == pytest.approx(total / count, rel=1e-5)
+  with pytest.raises(ValueError, match='no target tokens'):
+    evaluation.token_loss(module, params, [{'inputs': np.asarray([3]), 'targets': np.asarray([], np.int32)}],
+                          lengths)

@@ -1,0 +1,202 @@
+"""Targets side by side on the same held-out examples, and a training run's learning curve.
+
+  python scripts/compare_targets.py --targets v2=models/cpu_v2/target v3=models/cpu_v3/target \
+      --log runs/target_v3 --out results/target_v3
+
+Per target, on the same examples:
+  - token loss (teacher-forced, nats per target token) on the first --loss_examples validation examples of each
+    task (`evaluation.token_loss`);
+  - greedy BLEU on the whole En→De validation split and on its first --test_examples test examples;
+  - greedy ROUGE on the first --test_examples summarization test examples;
+  - `evaluation.target_confidence` (top-1 probability on its own greedy decodes) on the first
+    --confidence_examples En→De validation inputs.
+Writes <out>/compare.{md,json}. With --log (a training run's MODEL_DIR: train_log.jsonl and runs.jsonl) also the
+run's learning curve: the trainer's evaluations (validation loss of the training mixture, BLEU and ROUGE on 64
+validation examples) against steps and CPU minutes, the first target's figures at step 0 → <out>/curve.{md,json,png}.
+"""
+
+import argparse
+import datetime
+import os
+import sys
+from typing import Any, Dict, List, Mapping
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from specdec import evaluation  # pylint: disable=g-import-not-at-top,wrong-import-position
+from specdec import fileio
+from specdec import loading
+from specdec import main as specdec_main
+from specdec import models
+from specdec import decoding
+from specdec import plots
+from specdec import reporting
+from specdec import tasks
+
+LENGTHS = {'inputs': 96, 'targets': 48}  # the tasks' gin lengths (gin/tasks/*_local.gin)
+TASKS = {'ende': tasks.ENDE_LOCAL_TASK, 'summarize': tasks.SUMMARIZE_LOCAL_TASK}
+
+
+def parse_args(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--targets', nargs='+', required=True, help='NAME=DIR, e.g. v2=models/cpu_v2/target')
+  parser.add_argument('--log', default=None, help="a training run's MODEL_DIR, for the learning curve")
+  parser.add_argument('--out', required=True)
+  parser.add_argument('--loss_examples', type=int, default=512)
+  parser.add_argument('--test_examples', type=int, default=64)
+  parser.add_argument('--validation_examples', type=int, default=None,
+                      help='En→De validation examples for BLEU (default: the whole split)')
+  parser.add_argument('--confidence_examples', type=int, default=256)
+  parser.add_argument('--card', default=None,
+                      help="a target's NAME: (re)write MODEL_CARD.md in its directory from these figures")
+  args = parser.parse_args(argv)
+  targets = {}
+  for spec in args.targets:
+    name, sep, path = spec.partition('=')
+    if not sep or not name or not path:
+      parser.error(f'--targets takes NAME=DIR, got {spec!r}')
+    if name in targets:
+      parser.error(f'--targets names {name!r} twice')
+    if not os.path.isdir(path):
+      parser.error(f'--targets {name}: {path} is not a directory')
+    targets[name] = path
+  for flag in ('loss_examples', 'test_examples', 'confidence_examples'):
+    if getattr(args, flag) < 1:
+      parser.error(f'--{flag} must be >= 1, got {getattr(args, flag)}')
+  if args.card is not None and args.card not in targets:
+    parser.error(f'--card {args.card!r} is not one of the --targets names {sorted(targets)}')
+  if args.log and not os.path.isfile(os.path.join(args.log, 'train_log.jsonl')):
+    parser.error(f'--log {args.log}: no train_log.jsonl there')
+  return args, targets
+
+
+def evaluate_target(path: str, args) -> Dict[str, Any]:
+  """The figures of one target (see the module docstring)."""
+  module, params = loading.load_module_and_params(path)
+  predict = models.SpeculativeEncoderDecoderModel(module, None, decode_fn=decoding.temperature_sample
+                                                  ).compile_predict({'temperature': 0.0})
+  out: Dict[str, Any] = {'path': path}
+  for key, task in TASKS.items():
+    examples = evaluation.task_examples(task, 'validation', LENGTHS, args.loss_examples)
+    out[f'{key}_validation_loss'] = evaluation.token_loss(module, params, examples, LENGTHS)
+  out['ende_validation'] = evaluation.decode_and_score(predict, {'target': params}, TASKS['ende'], 'validation',
+                                                       LENGTHS, max_examples=args.validation_examples)['metrics']
+  out['ende_test'] = evaluation.decode_and_score(predict, {'target': params}, TASKS['ende'], 'test', LENGTHS,
+                                                 max_examples=args.test_examples)['metrics']
+  out['summarize_test'] = evaluation.decode_and_score(predict, {'target': params}, TASKS['summarize'], 'test',
+                                                      LENGTHS, max_examples=args.test_examples)['metrics']
+  held_out = evaluation.task_examples(TASKS['ende'], 'validation', LENGTHS, args.confidence_examples)
+  out['confidence'] = evaluation.target_confidence(module, params, held_out, LENGTHS)
+  return out
+
+
+def compare_markdown(results: Mapping[str, Mapping[str, Any]], args, header: str) -> str:
+  lines = ['# Targets side by side on the same held-out examples', '', header, '',
+           f'Token loss: nats per target token, teacher-forced, first {args.loss_examples} validation examples '
+           'of each task. BLEU: greedy, the whole En→De validation split '
+           f'({"all" if args.validation_examples is None else args.validation_examples} examples) and the first '
+           f'{args.test_examples} test examples. ROUGE: greedy, first {args.test_examples} summarization test '
+           f'examples. Top-1: the target\'s top-1 probability on its own greedy decodes of the first '
+           f'{args.confidence_examples} En→De validation inputs (`evaluation.target_confidence`).', '',
+           '| target | En→De loss | summ. loss | **En→De BLEU val.** | En→De BLEU test | ROUGE-1 / 2 / Lsum test | '
+           'top-1 median | top-1 ≥ 0.9 | entropy (nats) |', '|---|---|---|---|---|---|---|---|---|']
+  for name, r in results.items():
+    rouge = r['summarize_test']
+    lines.append(
+        f"| {name} (`{r['path']}`) | {r['ende_validation_loss']['loss']:.3f} | "
+        f"{r['summarize_validation_loss']['loss']:.3f} | **{r['ende_validation']['bleu']:.1f}** | "
+        f"{r['ende_test']['bleu']:.1f} | {rouge['rouge1']:.1f} / {rouge['rouge2']:.1f} / {rouge['rougeLsum']:.1f} | "
+        f"{r['confidence']['top1_median']:.2f} | {r['confidence']['share_top1_at_least_0.9']:.2f} | "
+        f"{r['confidence']['entropy_mean_nats']:.2f} |")
+  return '\n'.join(lines) + '\n'
+
+
+def learning_curve(model_dir: str) -> Dict[str, Any]:
+  """The trainer's evaluations of a run ({'points': [{step, minutes, eval_loss, bleu, rouge1}]}), minutes at the
+  run's recorded rate (its runs' minutes over their steps)."""
+  log = fileio.read_jsonl(os.path.join(model_dir, 'train_log.jsonl'))
+  runs = fileio.read_jsonl(os.path.join(model_dir, 'runs.jsonl'))
+  steps = sum(r['to_step'] - r['from_step'] for r in runs)
+  per_step = sum(r['minutes'] for r in runs) / steps if steps else None
+  points = []
+  for rec in log:
+    if rec.get('kind') != 'eval':
+      continue
+    points.append({'step': rec['step'], 'minutes': None if per_step is None else rec['step'] * per_step,
+                   'eval_loss': rec['eval_loss'], 'bleu': rec.get(f"{TASKS['ende']}/bleu"),
+                   'rouge1': rec.get(f"{TASKS['summarize']}/rouge1")})
+  return {'points': points, 'minutes_per_step': per_step, 'runs': runs}
+
+
+def curve_markdown(curve: Mapping[str, Any], start: Mapping[str, Any], header: str) -> str:
+  lines = ['# Learning curve', '', header, '',
+           "The trainer's own evaluations: validation loss of the training mixture (8 batches), greedy BLEU and "
+           'ROUGE-1 on the first 64 validation examples of each task. Step 0 is the starting point '
+           f"(`{start['path']}`, scored the same way by this script: its BLEU on 64 validation examples is not "
+           'computed there, so the row shows its whole-split BLEU). Minutes at the run\'s average rate.', '',
+           '| step | CPU minutes | validation loss | En→De BLEU (64 val.) | ROUGE-1 (64 val.) |', '|---|---|---|---|---|',
+           f"| 0 | 0 | - | {start['ende_validation']['bleu']:.1f} (whole split) | - |"]
+  for p in curve['points']:
+    lines.append(f"| {p['step']} | {reporting.fmt(p['minutes'], '.1f')} | {p['eval_loss']:.4f} | "
+                 f"{reporting.fmt(p['bleu'], '.1f')} | {reporting.fmt(p['rouge1'], '.1f')} |")
+  return '\n'.join(lines) + '\n'
+
+
+def model_card(name: str, results: Mapping[str, Mapping[str, Any]], header: str) -> str:
+  """MODEL_CARD.md of target `name`: its config and training (from its config.json), its figures beside the
+  other targets'."""
+  path = results[name]['path']
+  meta = fileio.read_json_object(os.path.join(path, 'config.json'), 'model config')
+  train = meta.get('train') or {}
+  config = meta['config']
+  runs = train.get('runs', [])
+  others = [n for n in results if n != name]
+  lines = [f'# Model card: {name} (`{path}`)', '',
+           '- Architecture: T5 1.1 (RMS norm, gated GELU, relative position bias), Flax, T5X param tree; '
+           f"stored in {meta.get('storage_dtype', '?')}.",
+           f"- Config: {config}",
+           f"- Training: {train.get('step', '?')} steps, {train.get('minutes', float('nan')):.1f} minutes of "
+           f"recorded wall time on a 2-core CPU, initialised from `{train.get('init_from_dir') or 'random'}`, "
+           f"dropout {config.get('dropout_rate')}, corpus `{train.get('corpus_dir') or 'data/corpus'}` "
+           f"(`{train.get('mixture_or_task_name', '?')}`):"]
+  lines += [f"  - `{r['command']}`: steps {r['from_step']}→{r['to_step']}, {r['minutes']:.1f} min" for r in runs]
+  lines += ['', f'Beside {", ".join(others) or "nothing"} on the same held-out examples ({header}):', '',
+            '| target | En→De loss | summ. loss | En→De BLEU val. | En→De BLEU test | ROUGE-1 test | top-1 median |',
+            '|---|---|---|---|---|---|---|']
+  for n, r in results.items():
+    lines.append(f"| {n} | {r['ende_validation_loss']['loss']:.3f} | {r['summarize_validation_loss']['loss']:.3f} | "
+                 f"{r['ende_validation']['bleu']:.1f} | {r['ende_test']['bleu']:.1f} | "
+                 f"{r['summarize_test']['rouge1']:.1f} | {r['confidence']['top1_median']:.2f} |")
+  return '\n'.join(lines) + '\n'
+
+
+def main(argv=None):
+  args, targets = parse_args(argv)
+  specdec_main.register_tasks()
+  command = reporting.run_command(['scripts/compare_targets.py'] + list(sys.argv[1:] if argv is None else argv))
+  machine = reporting.machine_info()
+  header = (f"`{command}` · {datetime.datetime.now().isoformat(timespec='seconds')} · {machine['processor']}, "
+            f"{machine['cpu_count']} CPUs, jax {machine['jax']}")
+  results: Dict[str, Any] = {}
+  for name, path in targets.items():
+    print(f'evaluating {name} ({path})', flush=True)
+    results[name] = evaluate_target(path, args)
+  os.makedirs(args.out, exist_ok=True)
+  fileio.write_json(os.path.join(args.out, 'compare.json'), {'command': command, 'machine': machine,
+                                                            'targets': results})
+  text = compare_markdown(results, args, header)
+  fileio.atomic_write(os.path.join(args.out, 'compare.md'), text.encode())
+  print(text, flush=True)
+  if args.card:
+    fileio.atomic_write(os.path.join(targets[args.card], 'MODEL_CARD.md'),
+                        model_card(args.card, results, header).encode())
+  if args.log:
+    curve = learning_curve(args.log)
+    start = next(iter(results.values()))
+    fileio.write_json(os.path.join(args.out, 'curve.json'), dict(curve, command=command, start=start))
+    fileio.atomic_write(os.path.join(args.out, 'curve.md'), curve_markdown(curve, start, header).encode())
+    plots.plot_learning_curve(os.path.join(args.out, 'curve.png'), curve, start)
+  return results
+
+
+if __name__ == '__main__':
+  main()
