@@ -76,6 +76,22 @@ def plot_peers(path: str, summary: Mapping[str, Any]) -> None:
   save_png(fig, path)
 
 
+def _starred(ax, alpha: float, speedup: float, label: str) -> None:
+  """A labelled star: a measured drafter, or the paper's row, among the oracle's points."""
+  ax.plot([alpha], [speedup], 'k*', ms=11)
+  ax.annotate(label, (alpha, speedup), textcoords='offset points', xytext=(4, -12), fontsize=8)
+
+
+def _speedup_axes(ax, ylabel: str, title: str, legend_size: int) -> None:
+  """Speedup against α: the 1× line, labels, grid and legend."""
+  ax.axhline(1.0, color='grey', lw=0.8)
+  ax.set_xlabel('α (accepted / judged)')
+  ax.set_ylabel(ylabel)
+  ax.set_title(title, fontsize=9)
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=legend_size, loc='upper left')
+
+
 def plot_ceiling(path: str, rep: Mapping[str, Any]) -> None:
   """Speedup against α, one panel per batch size: measured points over the in-loop predicted lines, one
   colour per γ, and the shipped drafters marked."""
@@ -93,16 +109,10 @@ def plot_ceiling(path: str, rep: Mapping[str, Any]) -> None:
       ax.plot(x, [r['measured_speedup'] for r in mine], 'o', color=colour, ms=5, label=f'γ = {g}')
     for r in rep['shipped']:
       if r['batch'] == b:
-        ax.plot([r['alpha_measured']], [r['measured_speedup']], 'k*', ms=11)
-        ax.annotate(f"{r['drafter']} (γ {r['gamma']})", (r['alpha_measured'], r['measured_speedup']),
-                    textcoords='offset points', xytext=(4, -12), fontsize=8)
-    ax.axhline(1.0, color='grey', lw=0.8)
-    ax.set_xlabel('α (accepted / judged)')
-    ax.set_ylabel('measured speedup over the baseline')
-    ax.set_title(f'batch {b}: oracle of {ceiling_report.CONTROLLED} (points measured, dashed in-loop predicted);\n'
-                 '★ the shipped trained drafters', fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc='upper left')
+        _starred(ax, r['alpha_measured'], r['measured_speedup'], f"{r['drafter']} (γ {r['gamma']})")
+    _speedup_axes(ax, 'measured speedup over the baseline',
+                  f'batch {b}: oracle of {ceiling_report.CONTROLLED} (points measured, dashed in-loop predicted);\n'
+                  '★ the shipped trained drafters', legend_size=8)
   save_png(fig, path)
 
 
@@ -138,15 +148,9 @@ def plot_accelerator(path: str, rep: Mapping[str, Any]) -> None:
         ax.plot([r['alpha_measured'] for r in drafted], [r['speedup'] for r in drafted], '--', color=colour,
                 label=f"γ = {g}, {ceil['drafter']}'s c")
     paper = rep['paper']
-    ax.plot([paper['alpha']], [paper['speedup']], 'k*', ms=11)
-    ax.annotate(f"paper: T5-small, {paper['chip']}", (paper['alpha'], paper['speedup']),
-                textcoords='offset points', xytext=(4, -12), fontsize=8)
-    ax.axhline(1.0, color='grey', lw=0.8)
-    ax.set_xlabel('α (accepted / judged)')
-    ax.set_ylabel('speedup over the baseline, batch 1')
-    ax.set_title(f"{ceil['target']} shape, {ceiling_report.CONTROLLED}", fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc='upper left')
+    _starred(ax, paper['alpha'], paper['speedup'], f"paper: T5-small, {paper['chip']}")
+    _speedup_axes(ax, 'speedup over the baseline, batch 1', f"{ceil['target']} shape, {ceiling_report.CONTROLLED}",
+                  legend_size=7)
   save_png(fig, path)
 
 
