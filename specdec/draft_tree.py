@@ -7,8 +7,8 @@ This module holds the pieces, independent of any network:
 
 * `TreeShape`, `static_tree`: a static tree (node 0 is the root, the last
   committed token; the other nodes are drafts, numbered breadth-first).
-* `tree_attention_mask`, `tree_positions`, `tree_cache_mask`: what the one
-  target call over the tree needs.
+* `tree_attention_mask`, `tree_positions`, `tree_cache_mask`,
+  `tree_key_positions`: what the one target call over the tree needs.
 * `verify_tree_greedy`: argmax decoding walks the tree along the target's
   argmax; the output equals the baseline's token for token.
 * `draw_children`, `sibling_draft_log_probs`, `sibling_acceptance`,
@@ -195,6 +195,23 @@ def tree_cache_mask(shape: TreeShape, cur_index_b: jax.Array, length: int) -> ja
   mask_nn = jnp.asarray(tree_attention_mask(shape))
   node_mask_bnl = mask_nn[jnp.arange(n)[None, :, None], jnp.clip(slot_b1l, 0, n - 1)]
   return (slot_b1l < 0) | (in_tree_b1l & node_mask_bnl)
+
+
+def tree_key_positions(shape: TreeShape, cur_index_b: jax.Array, length: int) -> jax.Array:
+  """[B, L] int32: the sequence position of what each cache slot holds, with the tree at slots cur_index + node.
+
+  Slot l holds position l outside the tree, and node j's position
+  cur_index + depth_j at slot cur_index + j: the key positions of T5's
+  relative position bias (the query positions are `tree_positions`).
+  """
+  cur_index_b = jnp.asarray(cur_index_b)
+  if cur_index_b.ndim != 1:
+    raise ValueError(f'cur_index_b must be [B], got shape {cur_index_b.shape}.')
+  n = shape.num_nodes
+  slot_bl = jnp.arange(length, dtype=jnp.int32)[None, :] - cur_index_b.astype(jnp.int32)[:, None]
+  in_tree_bl = (slot_bl >= 0) & (slot_bl < n)
+  depth_bl = jnp.asarray(shape.depth)[jnp.clip(slot_bl, 0, n - 1)]
+  return jnp.where(in_tree_bl, cur_index_b[:, None] + depth_bl, jnp.arange(length, dtype=jnp.int32)[None, :])
 
 
 # ---------------------------------------------------------------------------
@@ -448,7 +465,7 @@ def verify_siblings(rng: jax.Array, logp_xv: jax.Array, logq_xv: jax.Array, toke
 
 
 def verify_tree(rng: jax.Array, shape: TreeShape, tokens_bn: jax.Array,
-                draft_logq_bnv: jax.Array, target_logp_bnv: jax.Array,
+                draft_logq_bnv: Optional[jax.Array], target_logp_bnv: jax.Array,
                 valid_bn: Optional[jax.Array] = None,
                 rule: str = 'without_replacement') -> TreeVerdict:
   """Exact sampling over a draft tree verified by one target call.
@@ -465,7 +482,8 @@ def verify_tree(rng: jax.Array, shape: TreeShape, tokens_bn: jax.Array,
     tokens_bn: [B, n] node 0 the last committed token, the others drafts,
       each node's children drawn from draft_logq at the node by `rule`.
     draft_logq_bnv: [B, n, V] the drafter's adjusted log q AT each node (the
-      law its children were drawn from; leaves' rows are never read).
+      law its children were drawn from; leaves' rows are never read). None
+      with rule 'fixed', which does not read q (no [B, n, V] to keep).
     target_logp_bnv: [B, n, V] the target's adjusted log p AT each node.
     valid_bn: [B, n] bool, nodes that were drafted (see `draw_children`;
       default all). An invalid node is never accepted.
@@ -474,6 +492,10 @@ def verify_tree(rng: jax.Array, shape: TreeShape, tokens_bn: jax.Array,
   _check_rule(rule)
   tokens_bn = jnp.asarray(tokens_bn)
   _check_tree_inputs(shape, tokens_bn, target_logp_bnv, 'target_logp_bnv')
+  if draft_logq_bnv is None:
+    if rule != 'fixed':
+      raise ValueError(f"draft_logq_bnv is needed unless rule is 'fixed', got rule {rule!r}.")
+    draft_logq_bnv = target_logp_bnv  # only its shape is read: 'fixed' takes q_i = one-hot(x_i)
   _check_tree_inputs(shape, tokens_bn, draft_logq_bnv, 'draft_logq_bnv')
   if draft_logq_bnv.shape != target_logp_bnv.shape:
     raise ValueError(f'draft_logq_bnv {draft_logq_bnv.shape} and target_logp_bnv '

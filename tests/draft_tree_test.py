@@ -142,12 +142,23 @@ class TestMaskAndPositions:
       expected = slot < 0 or (slot < 7 and slot in _brute_force_ancestors(shape.parent, i))
       assert mask[b, i, l] == expected, (b, i, l)
 
+  def test_key_positions(self):
+    shape = draft_tree.static_tree((2,), 1)  # depths 0, 1, 1, 2, 2
+    keys = draft_tree.tree_key_positions(shape, jnp.asarray([0, 3]), 10)
+    np.testing.assert_array_equal(keys, [[0, 1, 1, 2, 2, 5, 6, 7, 8, 9],
+                                         [0, 1, 2, 3, 4, 4, 5, 5, 8, 9]])
+    chain = draft_tree.static_tree((), 3)  # a chain's slots hold their own positions
+    np.testing.assert_array_equal(draft_tree.tree_key_positions(chain, jnp.asarray([0, 2, 6]), 8),
+                                  np.broadcast_to(np.arange(8), (3, 8)))
+
   def test_bad_cur_index(self):
     shape = draft_tree.static_tree((2,), 0)
     with pytest.raises(ValueError, match='cur_index_b'):
       draft_tree.tree_positions(shape, jnp.zeros((2, 1), jnp.int32))
     with pytest.raises(ValueError, match='cur_index_b'):
       draft_tree.tree_cache_mask(shape, 3, 8)
+    with pytest.raises(ValueError, match='cur_index_b'):
+      draft_tree.tree_key_positions(shape, 3, 8)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -661,3 +672,15 @@ class TestWholeTree:
       draft_tree.verify_tree_greedy(shape, jnp.zeros((1, 3), jnp.int32), good[0])
     with pytest.raises(ValueError, match='rule'):
       draft_tree.verify_tree(jax.random.PRNGKey(0), shape, jnp.zeros((1, 3), jnp.int32), good, good, rule='x')
+    with pytest.raises(ValueError, match='draft_logq_bnv is needed'):
+      draft_tree.verify_tree(jax.random.PRNGKey(0), shape, jnp.zeros((1, 3), jnp.int32), None, good)
+
+  def test_fixed_rule_needs_no_q(self):
+    shape = draft_tree.static_tree((2,), 1)
+    rng = np.random.RandomState(0)
+    logp = jax.nn.log_softmax(jnp.asarray(rng.normal(size=(50, 5, 4)), jnp.float32))
+    tokens = jnp.asarray(rng.randint(0, 4, size=(50, 5)))
+    with_q = draft_tree.verify_tree(jax.random.PRNGKey(1), shape, tokens, logp[::-1], logp, rule='fixed')
+    without_q = draft_tree.verify_tree(jax.random.PRNGKey(1), shape, tokens, None, logp, rule='fixed')
+    for a, b in zip(with_q, without_q):
+      np.testing.assert_array_equal(a, b)
