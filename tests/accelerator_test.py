@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import types
 
 import jax
 import jax.numpy as jnp
@@ -218,14 +219,16 @@ def test_run_tests_counts_outcomes_and_cuts_off(tmp_path):
 
 @pytest.fixture
 def fake_measures(monkeypatch):
-  """Each part returns a result at once (after `delay` s) and records its call."""
-  calls, delay = [], {'s': 0.0}
+  """Each part returns a result at once and records its call. The run's clock is a fake one that only the parts
+  advance (by `delay` s each): the budget's logic is tested on any machine, however slow its set-up."""
+  calls, delay, clock = [], {'s': 0.0}, {'s': 0.0}
+  monkeypatch.setattr(accelerator, 'time', types.SimpleNamespace(perf_counter=lambda: clock['s']))
 
   def fake(kind):
     def measure(models, target, extra, settings):
       del models, settings
       calls.append(f'{kind}:{target}:{extra}' if kind == 'curve' else f'{kind}:{target}')
-      time.sleep(delay['s'])
+      clock['s'] += delay['s']
       if kind == 'curve':
         return {'tokens': [1, 2], 'call_s': [1e-3, 1.5e-3], 'ratio': [1.0, 1.5]}
       if kind == 'costs':
