@@ -37,7 +37,7 @@ import numpy as np
 from specdec import auto_gamma
 from specdec import batch_shrink
 from specdec import decoding
-from specdec import feature_drafter
+from specdec import drafters
 from specdec import fileio
 from specdec import fingerprint
 from specdec import models
@@ -336,11 +336,7 @@ def validate(models: ModelPair, setting: Setting, mesh=None) -> None:
     raise ValueError('the oracle drafter is a measuring instrument of controlled acceptance, not a drafter: '
                      'its rows belong in specdec/ceiling.py reports (scripts/ceiling.py), never in a '
                      'benchmark table.')
-  if isinstance(models.drafter_module, feature_drafter.FeatureHead):
-    feature_drafter.check_target(models.drafter_module.config, models.target_module.config)
-  target_vocab, drafter_vocab = _vocab_size(models.target_module), _vocab_size(models.drafter_module)
-  if target_vocab != drafter_vocab:
-    raise ValueError(f'Vocabulary mismatch: target vocab_size={target_vocab}, drafter vocab_size={drafter_vocab}.')
+  drafters.kind_of(models.drafter_module).check(models.drafter_module, models.target_module)
 
 
 def load_examples(data: TaskSplit) -> List[Dict[str, Any]]:
@@ -583,10 +579,6 @@ def _models(target_module, drafter_module, vocab, draft_vocab_ids=None):
                                               decode_fn=decoding.speculative_sample,
                                               draft_vocab_ids=draft_vocab_ids))
   return _MODEL_CACHE[key]
-
-
-def _vocab_size(module) -> int:
-  return module.config.vocab_size
 
 
 def write_outputs(output_dir: str, summary: Mapping[str, Any], records: Sequence[Mapping[str, Any]],

@@ -25,6 +25,7 @@ import numpy as np
 
 from specdec import decoding
 from specdec import draft_vocab
+from specdec import drafters
 from specdec import feature_drafter
 from specdec import network
 
@@ -36,11 +37,11 @@ TARGET, DRAFTER = 'target', 'drafter'
 # vocabulary [E, K], sliced once (`with_draft_projection`) instead of in every
 # decode, where gathering K strided columns of the [E, V] kernel costs about a
 # target call.
-DRAFT_PROJECTION = 'draft_projection'
+DRAFT_PROJECTION = drafters.DRAFT_PROJECTION
 # Optional params entry for a feature head narrower than the target: its
 # logits kernel [W, K] (or [W, V]), its output map folded into the target's
 # projection once (`with_draft_projection`, `feature_drafter.logits_kernel`).
-DRAFT_LOGITS_KERNEL = 'draft_logits_kernel'
+DRAFT_LOGITS_KERNEL = drafters.DRAFT_LOGITS_KERNEL
 
 
 def _vocab_size(module) -> int:
@@ -96,22 +97,18 @@ class SpeculativeEncoderDecoderModel:
     self.max_decode_length = max_decode_length
     if decoding.kind_of(decode_fn) == decoding.SPECULATIVE and drafter_module is None:
       raise ValueError('decode_fn is speculative but drafter_module is None.')
-    if drafter_module is not None and _vocab_size(module) != _vocab_size(drafter_module):
-      raise ValueError(
-          f'Vocabulary mismatch: the target has vocab_size={_vocab_size(module)}, '
-          f'the drafter vocab_size={_vocab_size(drafter_module)}; speculative '
-          'decoding needs one shared vocabulary.')
+    self.drafter_kind = None if drafter_module is None else drafters.kind_of(drafter_module)
     for name, vocab in (('input_vocabulary', input_vocabulary),
                         ('output_vocabulary', output_vocabulary)):
       if vocab is not None and vocab.vocab_size > _vocab_size(module):
         raise ValueError(f'{name} has {vocab.vocab_size} ids but the network '
                          f'only {_vocab_size(module)} embeddings.')
-    if isinstance(drafter_module, feature_drafter.FeatureHead):
-      feature_drafter.check_target(drafter_module.config, module.config)
+    if drafter_module is not None:
+      self.drafter_kind.check(drafter_module, module)
     self.draft_vocab_ids = None
     if draft_vocab_ids is not None:
       self.draft_vocab_ids = draft_vocab.check_draft_vocab_ids(draft_vocab_ids, _vocab_size(module))
-      if not isinstance(drafter_module, (network.Transformer, feature_drafter.FeatureHead)):
+      if drafter_module is None or not self.drafter_kind.takes_vocab_ids(drafter_module):
         raise ValueError('draft_vocab_ids needs a neural drafter (a T5 network or a feature '
                          f'head), got {type(drafter_module).__name__}.')
     self._compiled = {}
@@ -119,7 +116,7 @@ class SpeculativeEncoderDecoderModel:
   @property
   def feature_drafting(self) -> bool:
     """Whether the drafter reads the target's features."""
-    return isinstance(self.drafter_module, feature_drafter.FeatureHead)
+    return self.drafter_kind is not None and self.drafter_kind.reads_features
 
   @property
   def eos_id(self) -> int:
@@ -137,12 +134,8 @@ class SpeculativeEncoderDecoderModel:
     params = {TARGET: network.init_params(self.module.config, target_rng,
                                           input_len=input_len,
                                           target_len=target_len)}
-    if self.feature_drafting:
-      params[DRAFTER] = feature_drafter.init_params(self.drafter_module.config, drafter_rng)
-    elif self.drafter_module is not None:
-      params[DRAFTER] = network.init_params(self.drafter_module.config,
-                                            drafter_rng, input_len=input_len,
-                                            target_len=target_len)
+    if self.drafter_module is not None:
+      params[DRAFTER] = self.drafter_kind.init_params(self.drafter_module, drafter_rng, input_len, target_len)
     return params
 
   # -------------------------------------------------------------------------
@@ -286,30 +279,25 @@ class SpeculativeEncoderDecoderModel:
               else jnp.zeros_like(decoder_input_tokens))
 
     kind = decoding.kind_of(self.decode_fn)
-    projection_ek = params.get(DRAFT_PROJECTION) if self.draft_vocab_ids is not None else None
-    if kind == decoding.SPECULATIVE and self.feature_drafting:
-      cache, tokens_to_logits, draft_cache, draft_tokens_to_logits = (
-          feature_drafter.decoder_fns(
-              self.module, params[TARGET], self.drafter_module, params[DRAFTER],
-              encoder_input_tokens, max_decode_length, self.draft_vocab_ids, constrain_cache,
-              projection_ek=projection_ek, logits_kernel_wk=params.get(DRAFT_LOGITS_KERNEL)))
-      decoder_params['draft_reads_features'] = True
+    if kind == decoding.SPECULATIVE:
+      cache, tokens_to_logits, draft_cache, draft_tokens_to_logits = self.drafter_kind.decoder_fns(
+          self.module, params[TARGET], self.drafter_module, params[DRAFTER], encoder_input_tokens,
+          max_decode_length, self.decoder_fns, constrain_cache, self.draft_vocab_ids,
+          params.get(DRAFT_PROJECTION) if self.draft_vocab_ids is not None else None,
+          params.get(DRAFT_LOGITS_KERNEL))
+      if self.drafter_kind.reads_features:
+        decoder_params['draft_reads_features'] = True
     else:
       cache, tokens_to_logits = self.decoder_fns(
           self.module, params[TARGET], encoder_input_tokens, max_decode_length,
           constrain_cache)
+      decoder_params.pop('return_stats', None)
     kwargs = dict(inputs=inputs, cache=cache, tokens_to_logits=tokens_to_logits,
                   eos_id=self.eos_id, decode_rng=rng, num_decodes=num_decodes,
                   cache_offset=0)
     if kind == decoding.SPECULATIVE:
-      if not self.feature_drafting:
-        draft_cache, draft_tokens_to_logits = self.decoder_fns(
-            self.drafter_module, params[DRAFTER], encoder_input_tokens,
-            max_decode_length, constrain_cache, self.draft_vocab_ids, projection_ek)
       kwargs.update(draft_cache=draft_cache,
                     draft_tokens_to_logits=draft_tokens_to_logits)
-    else:
-      decoder_params.pop('return_stats', None)
     if constrain_cache is not None and kind is not None:  # every declared kind takes shrink_batch
       # A sharded batch keeps its shape: a smaller one may not divide over the mesh's data axis.
       decoder_params.setdefault('shrink_batch', False)
@@ -337,21 +325,11 @@ class SpeculativeEncoderDecoderModel:
     (`DRAFT_LOGITS_KERNEL`, [W, K], or [W, V] without a draft vocabulary;
     `feature_drafter.folds_projection`). Otherwise `params` unchanged.
     """
-    folds = self.feature_drafting and feature_drafter.folds_projection(self.drafter_module.config)
-    if self.draft_vocab_ids is None and not folds:
+    prepare = (None if self.drafter_module is None else
+               self.drafter_kind.prepared_projection(self.module, self.drafter_module, self.draft_vocab_ids))
+    if prepare is None:
       return params
-    source = TARGET if self.feature_drafting else DRAFTER
-    module = self.module if self.feature_drafting else self.drafter_module
-    ids = jnp.asarray(self.draft_vocab_ids if self.draft_vocab_ids is not None
-                      else np.arange(_vocab_size(module)), jnp.int32)
-
-    def prepare(source_params, drafter_params):
-      projection_ek = module.apply({'params': source_params}, ids, method=module.projection_rows)
-      if folds:
-        return {DRAFT_LOGITS_KERNEL: feature_drafter.logits_kernel(drafter_params, projection_ek)}
-      return {DRAFT_PROJECTION: projection_ek}
-
-    return dict(params, **jax.jit(prepare)(params[source], params[DRAFTER]))
+    return dict(params, **jax.jit(prepare)(params[TARGET], params[DRAFTER]))
 
   def compile_predict(self, decoder_params: Optional[Mapping[str, Any]] = None,
                       num_decodes: int = 1, return_all_decodes: bool = False,
@@ -392,7 +370,7 @@ class SpeculativeEncoderDecoderModel:
     Tokens are weighted by `decoder_loss_weights` when present, else by
     `decoder_target_tokens > 0`. `which` selects 'target' or 'drafter'.
     """
-    if which == DRAFTER and self.feature_drafting:
+    if which == DRAFTER and not self.drafter_kind.scores_itself():
       raise ValueError("score_batch(which='drafter'): a feature head drafts from the target's "
                        'features and has no teacher-forced score of its own; score the target.')
     module = self.module if which == TARGET else self.drafter_module

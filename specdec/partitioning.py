@@ -47,7 +47,7 @@ from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 import numpy as np
 
-from specdec import feature_drafter
+from specdec import drafters
 from specdec import network
 
 PyTree = Any
@@ -247,8 +247,9 @@ def param_logical_axes(module: Any, params: PyTree) -> PyTree:
   """
   if isinstance(module, network.Transformer):
     return _transformer_logical_axes(module.config)
-  if isinstance(module, feature_drafter.FeatureHead):
-    return feature_drafter.param_logical_axes(module.config)
+  axes = drafters.kind_of(module).param_logical_axes(module)
+  if axes is not None:
+    return axes
   return jax.tree_util.tree_map(lambda _: PartitionSpec(),
                                 flax.core.unfreeze(params))
 

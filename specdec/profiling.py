@@ -34,6 +34,7 @@ import numpy as np
 
 from specdec import batch_shrink
 from specdec import decoding
+from specdec import drafters
 from specdec import feature_drafter
 from specdec import models
 from specdec import sampling
@@ -184,7 +185,7 @@ def time_chained_calls(target_module, target_params, drafter_module, drafter_par
   `draft_vocab_ids`: the drafter's trimmed vocabulary (its logits over those tokens only, as it decodes).
   """
   enc = jnp.asarray(encoder_input_tokens)
-  if isinstance(drafter_module, feature_drafter.FeatureHead):
+  if drafters.kind_of(drafter_module).reads_features:
     return _time_chained_head_calls(target_module, target_params, drafter_module, drafter_params, enc,
                                     max_decode_length, num_new_tokens, draft_steps, num_calls, repeats,
                                     draft_vocab_ids)
@@ -277,7 +278,7 @@ def drafter_calls(target_module, target_params, drafter_module, drafter_params,
                   draft_vocab_ids: Optional[np.ndarray] = None):
   """(jitted fn, its args): `num_calls` 1-token drafter calls in one scan, as a draft step makes them: a
   feature head's (`_head_calls`) or an independent drafter's `decode_step` (`decode_calls`)."""
-  if isinstance(drafter_module, feature_drafter.FeatureHead):
+  if drafters.kind_of(drafter_module).reads_features:
     return _head_calls(target_module, target_params, drafter_module, drafter_params, encoder_input_tokens,
                        max_decode_length, num_calls, draft_vocab_ids)
   return decode_calls(drafter_module, drafter_params, encoder_input_tokens, max_decode_length, 1, num_calls,
@@ -328,7 +329,7 @@ def measure_costs(target_module, target_params, drafter_module, drafter_params,
   t_target = time_decode_calls(target_module, target_params, encoder_input_tokens, max_decode_length, 1)
   t_verify = time_decode_calls(target_module, target_params, encoder_input_tokens, max_decode_length,
                                gamma + 1)
-  if isinstance(drafter_module, feature_drafter.FeatureHead):
+  if drafters.kind_of(drafter_module).reads_features:
     t_draft = time_head_calls(target_module, target_params, drafter_module, drafter_params,
                               encoder_input_tokens, max_decode_length, draft_vocab_ids=draft_vocab_ids)
   else:
@@ -425,7 +426,7 @@ def time_phases(target_module, target_params, drafter_module, drafter_params,
   sequences_l[1:1 + len(decoded_l)] = decoded_l
   sequences_bl = jnp.asarray(np.tile(sequences_l, (rows, 1)))
   prefix_bl = sequences_bl[:, :position]
-  feature = isinstance(drafter_module, feature_drafter.FeatureHead)
+  feature = drafters.kind_of(drafter_module).reads_features
   # The caches mid-decode (filled outside the timed programs), and the params the timed programs take.
   # Each filled by one compiled program, the params its arguments: run eagerly, a large model would dispatch
   # and compile op by op.
@@ -575,10 +576,12 @@ def time_fixed_costs(target_module, target_params, drafter_module, drafter_param
   model = models.SpeculativeEncoderDecoderModel(target_module, None, decode_fn=decoding.temperature_sample)
 
   def caches(modules, params):
-    if isinstance(modules[-1], feature_drafter.FeatureHead):  # one encoding for both
-      (target, head), (target_p, head_p) = modules, params
-      return feature_drafter.decoder_fns(target, target_p, head, head_p, enc, max_decode_length)[0::2]
-    return [model.decoder_fns(m, p, enc, max_decode_length)[0] for m, p in zip(modules, params)]
+    if len(modules) == 1:
+      return [model.decoder_fns(modules[0], params[0], enc, max_decode_length)[0]]
+    (target, drafter), (target_p, drafter_p) = modules, params
+    # As a decode builds them: a feature head shares the target's one encoding.
+    return list(drafters.kind_of(drafter).decoder_fns(target, target_p, drafter, drafter_p, enc, max_decode_length,
+                                                      model.decoder_fns)[0::2])
 
   # Params are arguments, as the decodes get them: constants would compile a copy of the weights into the
   # programs (gigabytes for a large target).

@@ -26,7 +26,6 @@ import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 import numpy as np
 
-from specdec import feature_drafter
 from specdec import models
 from specdec import partitioning
 
@@ -147,22 +146,17 @@ class ShardedPredictor:
     (layouts, memory); compiled anew on each call.
     """
     params, batch, _ = self._inputs(params, batch, None)
-    modules = {models.TARGET: self.model.module,
-               models.DRAFTER: self.model.drafter_module}
+    model = self.model
 
     def build(params, batch):
       length = batch['decoder_input_tokens'].shape[1]
-      if self.model.feature_drafting and models.DRAFTER in params:
-        target_cache, _, head_cache, _ = feature_drafter.decoder_fns(
-            self.model.module, params[models.TARGET], self.model.drafter_module,
-            params[models.DRAFTER], batch['encoder_input_tokens'], length,
-            constrain_cache=self.constrain_cache)
-        return {models.TARGET: target_cache, models.DRAFTER: head_cache}
-      return {name: self.model.decoder_fns(
-          module, params[name], batch['encoder_input_tokens'], length,
-          self.constrain_cache)[0]
-              for name, module in modules.items()
-              if module is not None and name in params}
+      if model.drafter_module is not None and models.DRAFTER in params:
+        target_cache, _, draft_cache, _ = model.drafter_kind.decoder_fns(
+            model.module, params[models.TARGET], model.drafter_module, params[models.DRAFTER],
+            batch['encoder_input_tokens'], length, model.decoder_fns, self.constrain_cache)
+        return {models.TARGET: target_cache, models.DRAFTER: draft_cache}
+      return {models.TARGET: model.decoder_fns(model.module, params[models.TARGET], batch['encoder_input_tokens'],
+                                               length, self.constrain_cache)[0]}
 
     caches = jax.eval_shape(build, params, batch)
     out = {name: self.cache_shardings(cache) for name, cache in caches.items()}
