@@ -30,6 +30,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import jax
 import numpy as np
 
+from specdec import auto_gamma
 from specdec import batch_shrink
 from specdec import benchmark
 from specdec import ceiling_report
@@ -297,8 +298,8 @@ def controlled_row(target_module, target_params, examples: Sequence[Mapping[str,
   with the baseline on `examples`, at the γ this machine's verify-cost curve favours.
 
   The curve (k = 1..`max_verify_tokens` tokens a call, on the first example's input) is measured first and
-  kept in `state_dir`/verify_curve.json; γ is `theory.best_gamma(alpha, 0, curve)`: the oracle's draft is a
-  lookup, so the curve alone decides how many drafts a round pays for. Then `measure` runs that one (α*, γ)
+  kept in `state_dir`/verify_curve.json; γ is `auto_gamma.pick(alpha, 0, curve)` (`theory.best_gamma`): the
+  oracle's draft is a lookup, so the curve alone decides how many drafts a round pays for. Then `measure` runs that one (α*, γ)
   with its state in `state_dir` (resumable; None: nothing kept). Returns `report`'s row with the curve, the
   γ and its predicted speedup (`best_gamma_predicted`).
   """
@@ -318,8 +319,8 @@ def controlled_row(target_module, target_params, examples: Sequence[Mapping[str,
                                         lengths['targets'], max_verify_tokens, repeats=repeats)
     if curve_path:
       fileio.write_json(curve_path, curve)
-  gamma, predicted = theory.best_gamma(alpha, 0.0, dict(zip(curve['tokens'], curve['ratio'])),
-                                       max_gamma=max_verify_tokens - 1)
+  choice = auto_gamma.pick(alpha, 0.0, curve, max_gamma=max_verify_tokens - 1)
+  gamma, predicted = choice['gamma'], choice['predicted_speedup']
   settings = Settings(alphas=(float(alpha),), gammas=(gamma,), batch_sizes=(1,), repeats=repeats, seed=seed,
                       max_verify_tokens=max_verify_tokens, cost_repeats=repeats)
   log(f'controlled acceptance: oracle α* {alpha:g}, γ {gamma} (best of the curve), {len(examples)} examples')
