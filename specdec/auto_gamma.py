@@ -58,7 +58,8 @@ def choose(target_module, target_params, drafter_module, drafter_params, batches
   """Measures the curve, α and c on `batches` (the run's first batches; the first sets the curve's batch size
   and input) and picks γ (`pick`). `spec_predict(params, batch, rng)` is the run's speculative decoder
   compiled at γ = PROBE_GAMMA with statistics on, `base_predict(base_params, batch, rng)` its baseline;
-  `decoder_params` the speculative decoder's settings (temperature, top-k, top-p, draft confidence). A record in `state_path` is returned as it is (the run's choice stands when it resumes)."""
+  `decoder_params` the speculative decoder's settings (temperature, top-k, top-p, draft confidence). A record
+  in `state_path` is returned as it is (the run's choice stands when it resumes)."""
   if state_path and fileio.exists(state_path):
     return fileio.read_json_object(state_path, 'γ choice')
   if not batches:

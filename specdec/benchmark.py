@@ -55,7 +55,8 @@ LENGTH_BUCKETS = (8, 16, 32, 64, 96, 128, 192, 256, 384, 512, 1024, 2048, 4096)
 # must not mix them). 2: batches shrink as their rows end (`batch_shrink`), so batch > 1 times changed.
 RECORDS_VERSION = 2
 # What a run writes into its directory (`overwrite` discards exactly these, and the fingerprint).
-OUTPUT_FILES = ('examples.jsonl', 'benchmark.json', 'benchmark.csv', 'benchmark.md', 'benchmark.png')
+OUTPUT_FILES = ('examples.jsonl', 'benchmark.json', 'benchmark.csv', 'benchmark.md', 'benchmark.png',
+                auto_gamma.FILE_NAME)
 
 
 @dataclasses.dataclass(frozen=True)

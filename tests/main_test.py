@@ -509,10 +509,17 @@ def test_a_table_row_of_gamma_auto_decodes_at_the_gamma_it_chose_and_keeps_it(fa
   def measured_again(*args, **kwargs):
     raise AssertionError('the choice was measured again')
 
+  measure_curve, time_phases = profiling.verify_cost_curve, profiling.time_phases
   monkeypatch.setattr(profiling, 'verify_cost_curve', measured_again)
   monkeypatch.setattr(profiling, 'time_phases', measured_again)
   _main(flags)
   assert json.loads((row_dir / 'benchmark.json').read_text())['gamma_auto'] == chosen
+  # overwrite discards the choice with the other outputs: it is measured afresh.
+  curves = []
+  monkeypatch.setattr(profiling, 'verify_cost_curve', lambda *a, **k: curves.append(1) or measure_curve(*a, **k))
+  monkeypatch.setattr(profiling, 'time_phases', time_phases)
+  _main(flags + ['--gin.run_config.RunConfig.overwrite=True'])
+  assert curves == [1]
 
 
 def test_a_gamma_that_is_neither_an_int_nor_auto_is_one_line(family, tmp_path):
