@@ -325,7 +325,8 @@ def controlled_row(target_module, target_params, examples: Sequence[Mapping[str,
                       max_verify_tokens=max_verify_tokens, cost_repeats=repeats)
   log(f'controlled acceptance: oracle α* {alpha:g}, γ {gamma} (best of the curve), {len(examples)} examples')
   state = measure(target_module, target_params, examples, lengths, settings,
-                  state_path=fileio.join(state_dir, f'state_a{alpha:g}_g{gamma}.json') if state_dir else None,
+                  state_path=(fileio.join(state_dir, f'state_a{alpha:g}_g{gamma}_n{len(examples)}.json')
+                              if state_dir else None),
                   log=log, verify_curves={1: curve})
   (row,) = report(state)['rows']
   return dict(row, verify_curve=curve, best_gamma_predicted=predicted)

@@ -522,6 +522,16 @@ def test_a_table_row_of_gamma_auto_decodes_at_the_gamma_it_chose_and_keeps_it(fa
   assert curves == [1]
 
 
+def test_the_controlled_row_follows_more_examples(family, tmp_path):
+  """max_examples may grow on a rerun of a table: the controlled row is measured on the new examples, not refused."""
+  out = tmp_path / 'table'
+  flags = [f for f in _flags(family, out, gin_file=_one_row_table(tmp_path))
+           if not f.startswith('--gin.DRAFTER_CHECKPOINT')] + ['--gin.run_config.RunConfig.ceiling_alpha=0.9']
+  _main(flags)
+  _main(flags + ['--gin.run_config.DataConfig.max_examples=3'])
+  assert json.loads((out / main.CONTROLLED_FILE).read_text())['examples'] == 3
+
+
 def test_a_gamma_that_is_neither_an_int_nor_auto_is_one_line(family, tmp_path):
   flags = [f for f in _flags(family, tmp_path / 'out') if not f.startswith('--gin.GAMMA')] + ["--gin.GAMMA='best'"]
   _assert_one_line(flags, r"gamma must be an int >= 1 or 'auto', got 'best'", tmp_path / 'out')
