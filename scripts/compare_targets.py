@@ -1,7 +1,7 @@
 """Targets side by side on the same held-out examples, and a training run's learning curve.
 
   python scripts/compare_targets.py --targets v2=models/cpu_v2/target v3=models/cpu_v3/target \
-      --log runs/target_v3 --out results/target_v3
+      --log runs/target_v3 runs/target_v3_run2 --out results/target_v3
 
 Per target, on the same examples:
   - token loss (teacher-forced, nats per target token) on the first --loss_examples validation examples of each
@@ -10,18 +10,20 @@ Per target, on the same examples:
   - greedy ROUGE on the first --test_examples summarization test examples;
   - `evaluation.target_confidence` (top-1 probability on its own greedy decodes) on the first
     --confidence_examples En→De validation inputs.
-Writes <out>/compare.{md,json}. With --log (a training run's MODEL_DIR: train_log.jsonl and runs.jsonl) also the
-run's learning curve: the trainer's evaluations (validation loss of the training mixture, BLEU and ROUGE on 64
-validation examples) against steps and CPU minutes, the first target's figures at step 0 → <out>/curve.{md,json,png}.
+Writes <out>/compare.{md,json}. With --log (training runs' MODEL_DIRs: train_log.jsonl and runs.jsonl; several when
+each continued the export of the one before, in order) also the learning curve: the trainer's evaluations
+(validation loss of the training mixture, BLEU and ROUGE on 64 validation examples) against steps and CPU minutes
+counted from the first run's start, the first target's figures at step 0 → <out>/curve.{md,json,png}.
 """
 
 import argparse
 import datetime
 import os
 import sys
-from typing import Any, Dict, List, Mapping
+from typing import Any, Dict, List, Mapping, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from specdec import checkpoints  # pylint: disable=g-import-not-at-top,wrong-import-position
 from specdec import evaluation  # pylint: disable=g-import-not-at-top,wrong-import-position
 from specdec import fileio
 from specdec import loading
@@ -39,7 +41,9 @@ TASKS = {'ende': tasks.ENDE_LOCAL_TASK, 'summarize': tasks.SUMMARIZE_LOCAL_TASK}
 def parse_args(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--targets', nargs='+', required=True, help='NAME=DIR, e.g. v2=models/cpu_v2/target')
-  parser.add_argument('--log', default=None, help="a training run's MODEL_DIR, for the learning curve")
+  parser.add_argument('--log', nargs='+', default=None,
+                      help="training runs' MODEL_DIRs, for the learning curve (in order, when each continued the "
+                           "export of the one before)")
   parser.add_argument('--out', required=True)
   parser.add_argument('--loss_examples', type=int, default=512)
   parser.add_argument('--test_examples', type=int, default=64)
@@ -64,8 +68,9 @@ def parse_args(argv=None):
       parser.error(f'--{flag} must be >= 1, got {getattr(args, flag)}')
   if args.card is not None and args.card not in targets:
     parser.error(f'--card {args.card!r} is not one of the --targets names {sorted(targets)}')
-  if args.log and not os.path.isfile(os.path.join(args.log, 'train_log.jsonl')):
-    parser.error(f'--log {args.log}: no train_log.jsonl there')
+  for log in args.log or ():
+    if not os.path.isfile(os.path.join(log, 'train_log.jsonl')):
+      parser.error(f'--log {log}: no train_log.jsonl there')
   return args, targets
 
 
@@ -110,21 +115,32 @@ def compare_markdown(results: Mapping[str, Mapping[str, Any]], args, header: str
   return '\n'.join(lines) + '\n'
 
 
-def learning_curve(model_dir: str) -> Dict[str, Any]:
-  """The trainer's evaluations of a run ({'points': [{step, minutes, eval_loss, bleu, rouge1}]}), minutes at the
-  run's recorded rate (its runs' minutes over their steps)."""
-  log = fileio.read_jsonl(os.path.join(model_dir, 'train_log.jsonl'))
-  runs = fileio.read_jsonl(os.path.join(model_dir, 'runs.jsonl'))
-  steps = sum(r['to_step'] - r['from_step'] for r in runs)
-  per_step = sum(r['minutes'] for r in runs) / steps if steps else None
-  points = []
-  for rec in log:
-    if rec.get('kind') != 'eval':
-      continue
-    points.append({'step': rec['step'], 'minutes': None if per_step is None else rec['step'] * per_step,
-                   'eval_loss': rec['eval_loss'], 'bleu': rec.get(f"{TASKS['ende']}/bleu"),
-                   'rouge1': rec.get(f"{TASKS['summarize']}/rouge1")})
-  return {'points': points, 'minutes_per_step': per_step, 'runs': runs}
+def learning_curve(model_dirs: Sequence[str]) -> Dict[str, Any]:
+  """The trainer's evaluations of one or more runs, each continuing the one before
+  ({'points': [{step, minutes, eval_loss, bleu, rouge1}]}). A later run's steps and minutes count on from where the
+  earlier ones ended (each run directory counts its own from 0); minutes at each run directory's recorded rate (its
+  runs' minutes over their steps)."""
+  points, all_runs = [], []
+  step_offset, minute_offset = 0, 0.0
+  for model_dir in model_dirs:
+    log = fileio.read_jsonl(os.path.join(model_dir, 'train_log.jsonl'))
+    runs = fileio.read_jsonl(os.path.join(model_dir, 'runs.jsonl'))
+    steps = sum(r['to_step'] - r['from_step'] for r in runs)
+    minutes = sum(r['minutes'] for r in runs)
+    per_step = minutes / steps if steps else None
+    for rec in log:
+      if rec.get('kind') != 'eval':
+        continue
+      points.append({'step': step_offset + rec['step'],
+                     'minutes': None if per_step is None else minute_offset + rec['step'] * per_step,
+                     'eval_loss': rec['eval_loss'], 'bleu': rec.get(f"{TASKS['ende']}/bleu"),
+                     'rouge1': rec.get(f"{TASKS['summarize']}/rouge1")})
+    all_runs += [dict(r, model_dir=model_dir, from_step=step_offset + r['from_step'],
+                      to_step=step_offset + r['to_step']) for r in runs]
+    step_offset += max((r['to_step'] for r in runs), default=0)
+    minute_offset += minutes
+  return {'points': points, 'minutes_per_step': minute_offset / step_offset if step_offset else None,
+          'runs': all_runs}
 
 
 def curve_markdown(curve: Mapping[str, Any], start: Mapping[str, Any], header: str) -> str:
@@ -148,17 +164,20 @@ def model_card(name: str, results: Mapping[str, Mapping[str, Any]], header: str)
   meta = fileio.read_json_object(os.path.join(path, 'config.json'), 'model config')
   train = meta.get('train') or {}
   config = meta['config']
-  runs = train.get('runs', [])
+  runs = checkpoints.training_runs(train)
+  first_init = runs[0]['init_from_dir'] if runs else train.get('init_from_dir')
   others = [n for n in results if n != name]
   lines = [f'# Model card: {name} (`{path}`)', '',
            '- Architecture: T5 1.1 (RMS norm, gated GELU, relative position bias), Flax, T5X param tree; '
            f"stored in {meta.get('storage_dtype', '?')}.",
            f"- Config: {config}",
-           f"- Training: {train.get('step', '?')} steps, {train.get('minutes', float('nan')):.1f} minutes of "
-           f"recorded wall time on a 2-core CPU, initialised from `{train.get('init_from_dir') or 'random'}`, "
-           f"dropout {config.get('dropout_rate')}, corpus `{train.get('corpus_dir') or 'data/corpus'}` "
-           f"(`{train.get('mixture_or_task_name', '?')}`):"]
-  lines += [f"  - `{r['command']}`: steps {r['from_step']}→{r['to_step']}, {r['minutes']:.1f} min" for r in runs]
+           f"- Training: {runs[-1]['to_step'] if runs else '?'} steps, "
+           f"{sum(r['minutes'] for r in runs):.1f} minutes of recorded wall time on a 2-core CPU in {len(runs)} "
+           f"run(s), initialised from `{first_init or 'random'}`, dropout {config.get('dropout_rate')}, corpus "
+           f"`{train.get('corpus_dir') or 'data/corpus'}` (`{train.get('mixture_or_task_name', '?')}`); each run "
+           'continued the model before it:']
+  lines += [f"  - `{r['command']}`: steps {r['from_step']}→{r['to_step']}, {r['minutes']:.1f} min, from "
+            f"`{r['init_from_dir'] or 'random'}`" for r in runs]
   lines += ['', f'Beside {", ".join(others) or "nothing"} on the same held-out examples ({header}):', '',
             '| target | En→De loss | summ. loss | En→De BLEU val. | En→De BLEU test | ROUGE-1 test | top-1 median |',
             '|---|---|---|---|---|---|---|']

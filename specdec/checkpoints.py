@@ -27,7 +27,9 @@ only its shard (`restore_params`; see docs/checkpoints.md):
 
 import dataclasses
 import functools
+import os
 import re
+import shutil
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 import flax
@@ -98,6 +100,57 @@ def save_compact(directory: str, config: network.T5Config, params: PyTree,
     meta.update(extra)
   fileio.atomic_write(fileio.join(directory, PARAMS_FILE), data)
   fileio.write_json(fileio.join(directory, CONFIG_FILE), meta)
+
+
+def training_record(directory: str) -> Optional[dict]:
+  """The `train` block a trainer exported with a compact model (its runs, steps, minutes, and under
+  `init_train` the record of the model it continued), or None for a model with none."""
+  train = _read_meta(directory).get('train')
+  return dict(train) if isinstance(train, dict) else None
+
+
+def training_runs(record: Optional[Mapping[str, Any]]) -> list:
+  """Every run behind a compact model, the earliest first: its `init_train` chain's runs, then its own. Each is
+  the trainer's run record with `init_from_dir` (the model its trainer started from) added, its steps counted from
+  the first run's start."""
+  if not record:
+    return []
+  parent = record.get('init_train')
+  # Each trainer counts steps from 0 in its own model directory; count on from the model it continued.
+  offset = (parent or {}).get('step') or 0
+  own = [dict(r, init_from_dir=record.get('init_from_dir'), from_step=offset + r['from_step'],
+              to_step=offset + r['to_step']) for r in record.get('runs') or []]
+  return training_runs(parent) + own
+
+
+def replace_with_continuation(continuation_dir: str, target_dir: str) -> dict:
+  """Puts a continued model in its starting model's place, keeping what made the replaced one.
+
+  `continuation_dir` was trained from `target_dir` (its `train.init_from_dir`); the replaced model's training
+  record goes into the continuation's `train.init_train` (where a trainer that read it has not already put it),
+  then `target_dir` is swapped for `continuation_dir`. Local directories. Returns the new training record.
+  """
+  record = training_record(continuation_dir)
+  if record is None:
+    raise ValueError(f'{continuation_dir}: no training record in its {CONFIG_FILE}; not a trainer\'s export.')
+  if os.path.normpath(record.get('init_from_dir') or '') != os.path.normpath(target_dir):
+    raise ValueError(f"{continuation_dir} was initialised from {record.get('init_from_dir')!r}, not {target_dir}: "
+                     'it is not a continuation of it.')
+  continued = load_config(continuation_dir)
+  if dataclasses.replace(load_config(target_dir), dropout_rate=continued.dropout_rate) != continued:
+    raise ValueError(f'{continuation_dir} and {target_dir} hold different network configs.')
+  if record.get('init_train') is None:
+    record['init_train'] = training_record(target_dir)
+    meta = _read_meta(continuation_dir)
+    meta['train'] = record
+    fileio.write_json(fileio.join(continuation_dir, CONFIG_FILE), meta)
+  replaced = target_dir.rstrip('/') + '.replaced'
+  if os.path.exists(replaced):
+    raise ValueError(f'{replaced} exists (an earlier swap that did not finish?); remove it first.')
+  os.rename(target_dir, replaced)
+  os.rename(continuation_dir, target_dir)
+  shutil.rmtree(replaced)
+  return record
 
 
 def _config_of(meta: Mapping[str, Any], path: str) -> network.T5Config:

@@ -706,6 +706,8 @@ class Trainer:
         'corpus_dir': config.data.corpus_dir,
         'equal_rates': config.data.equal_rates,
         'init_from_dir': config.init.init_from_dir,
+        # What made the starting model, so a continuation that later replaces it keeps its history.
+        'init_train': checkpoints.training_record(config.init.init_from_dir) if config.init.init_from_dir else None,
         'init_from_t5x': self.init_from_t5x,
         'mesh': partitioning.mesh_axis_sizes(self.mesh),
         'runs': runs,

@@ -106,6 +106,32 @@ class TestCompactRoundTrip:
     assert meta['config'] == checkpoints.config_to_dict(CFG)
     assert checkpoints.load_config(str(tmp_path)) == CFG
 
+  def test_replace_with_continuation_keeps_the_replaced_models_record(self, params, tmp_path):
+    start, nxt = str(tmp_path / 'start'), str(tmp_path / 'next')
+    checkpoints.save_compact(start, CFG, params, extra={'train': {
+        'step': 5, 'init_from_dir': None, 'runs': [{'command': 'a', 'from_step': 0, 'to_step': 5, 'minutes': 2.0}]}})
+    checkpoints.save_compact(nxt, CFG, params, extra={'train': {
+        'step': 3, 'init_from_dir': start, 'runs': [{'command': 'b', 'from_step': 0, 'to_step': 2, 'minutes': 1.0},
+                                                    {'command': 'c', 'from_step': 2, 'to_step': 3, 'minutes': 0.5}]}})
+    checkpoints.replace_with_continuation(nxt, start)
+    assert not os.path.exists(nxt) and not os.path.exists(start + '.replaced')
+    runs = checkpoints.training_runs(checkpoints.training_record(start))
+    assert [(r['command'], r['from_step'], r['to_step'], r['init_from_dir']) for r in runs] == [
+        ('a', 0, 5, None), ('b', 5, 7, start), ('c', 7, 8, start)]
+    checkpoints.load_compact(start)  # still a whole model: its params match the recorded hash
+
+  def test_replace_with_continuation_refuses_what_is_not_one(self, params, tmp_path):
+    start, other = str(tmp_path / 'start'), str(tmp_path / 'other')
+    checkpoints.save_compact(start, CFG, params, extra={'train': {'step': 5, 'runs': []}})
+    checkpoints.save_compact(other, CFG, params, extra={'train': {'step': 1, 'init_from_dir': 'elsewhere',
+                                                                  'runs': []}})
+    with pytest.raises(ValueError, match='not a continuation'):
+      checkpoints.replace_with_continuation(other, start)
+    checkpoints.save_compact(other, CFG, params)
+    with pytest.raises(ValueError, match='no training record'):
+      checkpoints.replace_with_continuation(other, start)
+    assert os.path.isdir(start) and os.path.isdir(other)
+
   def test_creates_missing_directories(self, params, tmp_path):
     directory = tmp_path / 'a' / 'b' / 'model'
     checkpoints.save_compact(str(directory), CFG, params)

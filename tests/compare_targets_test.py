@@ -20,8 +20,8 @@ def _result(path, loss, bleu):
           'confidence': {'top1_median': 0.4, 'share_top1_at_least_0.9': 0.1, 'entropy_mean_nats': 2.5}}
 
 
-def _run_dir(tmp_path):
-  run = tmp_path / 'run'
+def _run_dir(tmp_path, name='run'):
+  run = tmp_path / name
   run.mkdir()
   log = [{'kind': 'train', 'step': 10, 'loss': 3.0},
          {'kind': 'eval', 'step': 300, 'eval_loss': 3.5, 'specdec_ende_local/bleu': 12.0,
@@ -47,7 +47,7 @@ def test_arguments_are_checked(tmp_path):
 
 
 def test_learning_curve_reads_the_evaluations_at_the_runs_rate(tmp_path):
-  curve = compare_targets.learning_curve(str(_run_dir(tmp_path)))
+  curve = compare_targets.learning_curve([str(_run_dir(tmp_path))])
   assert curve['minutes_per_step'] == pytest.approx(30.0 / 600)
   assert [(p['step'], p['minutes'], p['bleu'], p['rouge1']) for p in curve['points']] == [
       (300, pytest.approx(15.0), 12.0, 21.0), (600, pytest.approx(30.0), 13.5, 21.5)]
@@ -74,3 +74,26 @@ def test_tables_and_card_hold_each_targets_figures(tmp_path):
   card = compare_targets.model_card('v3', results, 'header')
   assert 'initialised from `models/cpu_v2/target`, dropout 0.1' in card
   assert '| v3 | 2.950 | 3.450 | 13.9 | 12.9 | 20.0 | 0.40 |' in card and 'steps 0→600, 30.0 min' in card
+
+
+def test_a_continued_runs_curve_counts_on_from_the_first(tmp_path):
+  curve = compare_targets.learning_curve([str(_run_dir(tmp_path, 'first')), str(_run_dir(tmp_path, 'second'))])
+  assert [(p['step'], p['minutes']) for p in curve['points']] == [
+      (300, pytest.approx(15.0)), (600, pytest.approx(30.0)), (900, pytest.approx(45.0)), (1200, pytest.approx(60.0))]
+  assert [(r['from_step'], r['to_step']) for r in curve['runs']] == [(0, 600), (600, 1200)]
+  assert curve['minutes_per_step'] == pytest.approx(60.0 / 1200)
+
+
+def test_the_card_lists_every_run_behind_a_continued_target(tmp_path):
+  target = tmp_path / 'v3'
+  target.mkdir()
+  first = {'step': 600, 'init_from_dir': 'models/cpu_v2/target',
+           'runs': [{'command': 'first', 'from_step': 0, 'to_step': 600, 'minutes': 30.0}]}
+  (target / 'config.json').write_text(json.dumps({
+      'config': {'dropout_rate': 0.1}, 'storage_dtype': 'bfloat16',
+      'train': {'step': 400, 'init_from_dir': str(target), 'init_train': first, 'corpus_dir': 'data/c',
+                'runs': [{'command': 'second', 'from_step': 0, 'to_step': 400, 'minutes': 20.0}]}}))
+  card = compare_targets.model_card('v3', {'v3': _result(str(target), 2.9, 14.0)}, 'header')
+  assert '1000 steps, 50.0 minutes' in card and 'in 2 run(s), initialised from `models/cpu_v2/target`' in card
+  assert '`first`: steps 0→600, 30.0 min, from `models/cpu_v2/target`' in card
+  assert f'`second`: steps 600→1000, 20.0 min, from `{target}`' in card

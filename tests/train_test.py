@@ -535,6 +535,20 @@ class TestFirstRun:
       near = np.abs(np.asarray(got) - np.asarray(start)).max()
       assert near < 0.5 * np.abs(np.asarray(far) - np.asarray(start)).max() + 1e-6
 
+  def test_a_continuation_keeps_what_made_its_start_and_can_replace_it(self, first_run, tmp_path):
+    """The export of a run from init_from_dir records that model's training record, so a continuation that is put
+    in its place (one path, one model) still says every run behind it."""
+    start = tmp_path / 'start'
+    shutil.copytree(first_run['export_dir'], start)
+    _run(tmp_path / 'continued', num_steps=1, init_from_dir=str(start), export_dir=str(tmp_path / 'next'))
+    record = checkpoints.training_record(str(tmp_path / 'next'))
+    assert record['init_train'] == checkpoints.training_record(str(start))
+    checkpoints.replace_with_continuation(str(tmp_path / 'next'), str(start))
+    assert not (tmp_path / 'next').exists()
+    runs = checkpoints.training_runs(checkpoints.training_record(str(start)))
+    assert [(r['from_step'], r['to_step']) for r in runs] == [(0, FIRST_STEPS), (FIRST_STEPS, FIRST_STEPS + 1)]
+    assert runs[-1]['init_from_dir'] == str(start)
+
   def test_init_with_another_dropout_rate(self, first_run, tmp_path):
     """Dropout is how a run trains, not part of the params: a continued run may set its own."""
     record = train.train(str(tmp_path / 'dropout'), dataclasses.replace(CFG, dropout_rate=0.1), **dict(
