@@ -214,6 +214,48 @@ def tree_key_positions(shape: TreeShape, cur_index_b: jax.Array, length: int) ->
   return jnp.where(in_tree_bl, cur_index_b[:, None] + depth_bl, jnp.arange(length, dtype=jnp.int32)[None, :])
 
 
+class SlotLayout(NamedTuple):
+  """Where the k tokens of one cached decode step sit, when not at consecutive positions (a draft tree's).
+
+  Attributes:
+    positions_bk: [B, k] int32, each token's sequence position (siblings share one).
+    slots_bk: [B, k] int32, the cache slot its key/value is written to (distinct).
+    attend_bkl: [B, k, L] bool, the cache slots each token attends to.
+    key_positions_bl: [B, L] int32, the sequence position of what each slot holds (relative position bias).
+  """
+  positions_bk: jax.Array
+  slots_bk: jax.Array
+  attend_bkl: jax.Array
+  key_positions_bl: jax.Array
+
+  def check(self, tokens_shape, length: int) -> None:
+    batch, k = tokens_shape
+    want = {'positions_bk': (batch, k), 'slots_bk': (batch, k), 'attend_bkl': (batch, k, length),
+            'key_positions_bl': (batch, length)}
+    for name, shape in want.items():
+      if tuple(getattr(self, name).shape) != shape:
+        raise ValueError(f'SlotLayout.{name} must be {shape} for tokens {tuple(tokens_shape)} and a cache of '
+                         f'length {length}, got {tuple(getattr(self, name).shape)}.')
+
+
+def tree_layout(shape: TreeShape, cur_index_b: jax.Array, length: int,
+                nodes: Optional[Sequence[int]] = None) -> SlotLayout:
+  """The SlotLayout of a call over `nodes` of the tree (default all), the tree at slots cur_index + node.
+
+  One verify call feeds every node; a drafter drafting level by level feeds
+  one level a call (its ancestors were written by earlier calls, and a node
+  attends only to those and to the committed prefix).
+  """
+  nodes_m = np.arange(shape.num_nodes) if nodes is None else np.asarray(nodes, np.int32)
+  if nodes_m.ndim != 1 or nodes_m.size == 0 or nodes_m.min() < 0 or nodes_m.max() >= shape.num_nodes:
+    raise ValueError(f'nodes must be a non-empty list of node numbers < {shape.num_nodes}, got {nodes!r}.')
+  cur_index_b = jnp.asarray(cur_index_b, jnp.int32)
+  return SlotLayout(positions_bk=tree_positions(shape, cur_index_b)[:, nodes_m],
+                    slots_bk=cur_index_b[:, None] + jnp.asarray(nodes_m)[None, :],
+                    attend_bkl=tree_cache_mask(shape, cur_index_b, length)[:, nodes_m],
+                    key_positions_bl=tree_key_positions(shape, cur_index_b, length))
+
+
 # ---------------------------------------------------------------------------
 # Greedy verification
 # ---------------------------------------------------------------------------

@@ -43,6 +43,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec.draft_tree import SlotLayout
+
 Array = jax.Array
 Initializer = Callable[..., Array]
 
@@ -426,19 +428,21 @@ class CachedSelfAttention(MultiHeadAttention):
     return self.get_variable('cache', 'cached_key').shape[1]
 
   def decode_step(self, x_bke: Array, positions_bk: Array, bias_bhkl: Array,
-                  deterministic: bool) -> Array:
+                  deterministic: bool, layout: Optional[SlotLayout] = None) -> Array:
     """Writes k keys/values at positions_bk, attends causally by position.
 
     Writes outside [0, L) are dropped, never clamped or wrapped. A query at
     position t sees cache positions <= t only, so what earlier calls left
     beyond t (rejected drafts) is ignored; positions below the first new one
-    must hold the prefix (the caller's job).
+    must hold the prefix (the caller's job). With a `layout` (draft trees)
+    the keys/values go to its slots and each query attends where it says.
     """
     cached_key = self.get_variable('cache', 'cached_key')
     cached_value = self.get_variable('cache', 'cached_value')
     batch, length = cached_key.shape[:2]
+    slots_bk = positions_bk if layout is None else layout.slots_bk
     # Negative indices wrap even with mode='drop': move them past the end.
-    write_bk = jnp.where(positions_bk < 0, length, positions_bk)
+    write_bk = jnp.where(slots_bk < 0, length, slots_bk)
     rows_b1 = jnp.arange(batch)[:, None]
     cached_key = cached_key.at[rows_b1, write_bk].set(
         self.key(x_bke).astype(cached_key.dtype), mode='drop')
@@ -446,9 +450,12 @@ class CachedSelfAttention(MultiHeadAttention):
         self.value(x_bke).astype(cached_value.dtype), mode='drop')
     self.put_variable('cache', 'cached_key', cached_key)
     self.put_variable('cache', 'cached_value', cached_value)
-    causal_bkl = jnp.arange(length)[None, None, :] <= positions_bk[:, :, None]
+    if layout is None:
+      attend_bkl = jnp.arange(length)[None, None, :] <= positions_bk[:, :, None]
+    else:
+      attend_bkl = layout.attend_bkl
     return self.attend(self.query(x_bke), cached_key, cached_value,
-                       causal_bkl[:, None], bias_bhkl, deterministic)
+                       attend_bkl[:, None], bias_bhkl, deterministic)
 
 
 class CachedCrossAttention(MultiHeadAttention):
@@ -530,11 +537,12 @@ class DecoderLayer(nn.Module):
     self.encoder_decoder_attention.init_cache(encoded_bse)
 
   def decode_step(self, y_bke: Array, positions_bk: Array, bias_bhkl: Array,
-                  cross_mask_b11s: Array, deterministic: bool) -> Array:
+                  cross_mask_b11s: Array, deterministic: bool,
+                  layout: Optional[SlotLayout] = None) -> Array:
     return self._blocks(
         y_bke,
         lambda x: self.self_attention.decode_step(x, positions_bk, bias_bhkl,
-                                                  deterministic),
+                                                  deterministic, layout),
         lambda x: self.encoder_decoder_attention.decode_step(
             x, cross_mask_b11s, deterministic),
         deterministic)
@@ -650,18 +658,23 @@ class Decoder(nn.Module):
   def decode_step(self, tokens_bk: Array, positions_b: Array,
                   deterministic: bool, return_features: bool = False,
                   vocab_ids: Optional[Array] = None,
-                  projection_ek: Optional[Array] = None) -> Array:
-    offsets_k = jnp.arange(tokens_bk.shape[1], dtype=positions_b.dtype)
-    positions_bk = positions_b[:, None] + offsets_k[None]
+                  projection_ek: Optional[Array] = None,
+                  layout: Optional[SlotLayout] = None) -> Array:
     length = self.layers[0].self_attention.cache_length()
-    cache_positions_1l = jnp.arange(length, dtype=positions_bk.dtype)[None]
-    bias_bhkl = self.relpos_bias(positions_bk, cache_positions_1l)
+    if layout is None:
+      offsets_k = jnp.arange(tokens_bk.shape[1], dtype=positions_b.dtype)
+      positions_bk = positions_b[:, None] + offsets_k[None]
+      key_positions_bl = jnp.arange(length, dtype=positions_bk.dtype)[None]
+    else:
+      layout.check(tokens_bk.shape, length)
+      positions_bk, key_positions_bl = layout.positions_bk, layout.key_positions_bl
+    bias_bhkl = self.relpos_bias(positions_bk, key_positions_bl)
     encoder_mask_bs = self.get_variable('cache', 'encoder_mask')
     cross_mask_b11s = encoder_mask_bs[:, None, None, :]
     y = self._embed(tokens_bk, deterministic)
     for layer in self.layers:
       y = layer.decode_step(y, positions_bk, bias_bhkl, cross_mask_b11s,
-                            deterministic)
+                            deterministic, layout)
     return self._outputs(y, deterministic, return_features, vocab_ids, projection_ek)
 
 
@@ -779,7 +792,8 @@ class Transformer(nn.Module):
   def decode_step(self, decoder_input_tokens: Array, decoder_positions: Array,
                   *, enable_dropout: bool = False, return_features: bool = False,
                   vocab_ids: Optional[Array] = None,
-                  projection_ek: Optional[Array] = None) -> Array:
+                  projection_ek: Optional[Array] = None,
+                  layout: Optional[SlotLayout] = None) -> Array:
     """k >= 1 tokens a row through the cache: logits [B, k, V] float32.
 
     With `return_features`: (logits, features [B, k, E]). With `vocab_ids`
@@ -796,6 +810,12 @@ class Transformer(nn.Module):
     max_decode_length are dropped, leaving earlier entries intact (the logits
     of such tokens are meaningless); negative positions are dropped too
     rather than wrapped.
+
+    With a `layout` (a draft tree's, `draft_tree.tree_layout`) token j sits at
+    layout.positions_bk[b, j] instead, its key/value goes to cache slot
+    layout.slots_bk[b, j], it attends to the slots layout.attend_bkl[b, j]
+    marks, and slot l holds position layout.key_positions_bl[b, l] (for the
+    relative position bias); decoder_positions is then not read.
     """
     if not self.has_variable('cache', 'decoder'):
       raise ValueError(
@@ -813,7 +833,8 @@ class Transformer(nn.Module):
                                     decoder_positions.astype(jnp.int32),
                                     deterministic=not enable_dropout,
                                     return_features=return_features,
-                                    vocab_ids=vocab_ids, projection_ek=projection_ek)
+                                    vocab_ids=vocab_ids, projection_ek=projection_ek,
+                                    layout=layout)
 
   def project(self, features: Array, vocab_ids: Optional[Array] = None) -> Array:
     """The output projection of final features [..., E]: logits [..., V] float32.

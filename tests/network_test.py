@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
+from specdec import draft_tree
 from specdec import network
 
 ATOL = 1e-5
@@ -647,3 +648,71 @@ def test_decode_step_with_a_sliced_projection_matches_vocab_ids(params, referenc
   np.testing.assert_array_equal(call(projection_ek=kernel_ek), call(vocab_ids=ids))
   with pytest.raises(ValueError, match='vocab_ids or projection_ek, not both'):
     call(vocab_ids=ids, projection_ek=kernel_ek)
+
+
+# -----------------------------------------------------------------------------
+# Draft trees: one call over a tree (SlotLayout)
+# -----------------------------------------------------------------------------
+
+TREE = draft_tree.static_tree((2,), 2)  # 7 nodes: the root, 2 children, a chain of 2 below each
+TREE_CACHE = 16
+
+
+@functools.partial(jax.jit, static_argnames='nodes')
+def _tree_step(params, cache, tokens_bm, cur_b, nodes=None):
+  layout = draft_tree.tree_layout(TREE, cur_b, TREE_CACHE, nodes)
+  logits, variables = MODEL.apply({'params': params, 'cache': cache}, tokens_bm, cur_b, layout=layout,
+                                  method=Transformer.decode_step, mutable=['cache'])
+  return logits, variables['cache']
+
+
+@pytest.fixture(scope='module')
+def tree_case(params, data, reference):
+  """A cache holding a 5-token prefix, rows at 2 and 4, and a tree of random tokens (node 0 = the row's token)."""
+  cache = init_cache(params, reference['encoded'], data['enc'], TREE_CACHE)
+  prefix = jnp.pad(data['dec_in'], ((0, 0), (0, TREE_CACHE - T)))
+  cache = step(params, cache, prefix[:, :5], jnp.zeros((B,), jnp.int32))[1]
+  cur_b = jnp.array([2, 4], jnp.int32)
+  tokens_bn = _tokens(np.random.default_rng(1), (B, TREE.num_nodes))
+  tokens_bn = tokens_bn.at[:, 0].set(jnp.take_along_axis(prefix, cur_b[:, None], axis=1)[:, 0])
+  return dict(cache=cache, cur_b=cur_b, tokens_bn=tokens_bn)
+
+
+def _leaf_paths(shape):
+  leaves = [i for i in range(shape.num_nodes) if shape.children[i, 0] < 0]
+  paths = []
+  for leaf in leaves:
+    path = [leaf]
+    while path[-1] != 0:
+      path.append(int(shape.parent[path[-1]]))
+    paths.append(path[::-1])
+  return paths
+
+
+def test_a_tree_call_equals_a_chain_call_along_every_root_to_leaf_path(params, tree_case):
+  tree_logits, _ = _tree_step(params, tree_case['cache'], tree_case['tokens_bn'], tree_case['cur_b'])
+  assert tree_logits.shape == (B, TREE.num_nodes, CFG.vocab_size)
+  for path in _leaf_paths(TREE):
+    chain_logits, _ = step(params, tree_case['cache'], tree_case['tokens_bn'][:, path], tree_case['cur_b'])
+    np.testing.assert_allclose(tree_logits[:, path], chain_logits, atol=ATOL)
+  # Siblings at the same position see different ancestors: their logits differ (the mask is not ignored).
+  assert not np.allclose(tree_logits[:, 3], tree_logits[:, 4], atol=1e-3)
+
+
+def test_a_tree_fed_level_by_level_equals_one_call(params, tree_case):
+  whole, whole_cache = _tree_step(params, tree_case['cache'], tree_case['tokens_bn'], tree_case['cur_b'])
+  cache, parts = tree_case['cache'], []
+  for depth in range(TREE.max_depth + 1):
+    nodes = tuple(int(i) for i in np.flatnonzero(TREE.depth == depth))
+    logits, cache = _tree_step(params, cache, tree_case['tokens_bn'][:, list(nodes)], tree_case['cur_b'],
+                               nodes=nodes)
+    parts.append(logits)
+  np.testing.assert_allclose(jnp.concatenate(parts, axis=1), whole, atol=ATOL)
+  _assert_trees_close(cache, whole_cache)
+
+
+def test_a_layout_of_the_wrong_shape_is_refused(params, tree_case):
+  layout = draft_tree.tree_layout(TREE, tree_case['cur_b'], TREE_CACHE)
+  with pytest.raises(ValueError, match='SlotLayout.positions_bk must be'):
+    MODEL.apply({'params': params, 'cache': tree_case['cache']}, tree_case['tokens_bn'][:, :3],
+                tree_case['cur_b'], layout=layout, method=Transformer.decode_step, mutable=['cache'])
