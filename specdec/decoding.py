@@ -57,11 +57,15 @@ class DecodingState:
     sequences: [B, length] the sequences decoded so far (read-only context).
     cur_token: [B, k] tokens to feed at positions cur_index .. cur_index+k-1.
     cache: the model's decoding cache.
+    layout: None, or where the k tokens sit when they are not consecutive (a
+      draft tree's nodes, `draft_tree.SlotLayout`; `tree_decoding`): a model
+      that takes it passes it to its `decode_step`.
   """
   cur_index: jax.Array
   sequences: jax.Array
   cur_token: jax.Array
   cache: PyTree
+  layout: Optional[Any] = None
 
 
 TokensToLogits = Callable[[DecodingState], Tuple[jax.Array, PyTree]]

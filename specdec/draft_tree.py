@@ -148,6 +148,27 @@ def static_tree(branching: Sequence[int], chain: int) -> TreeShape:
   return tree_from_parents(parent)
 
 
+def parse_tree(spec: str) -> Tuple[Tuple[int, ...], int]:
+  """(branching, chain) of a tree written 'B1xB2+C': '2+2' is 2 children of the root, a chain of 2 below each;
+  '3x2+1' branches 3 then 2, then a chain of 1; '+4' (or '4') is a chain of 4."""
+  text = str(spec).strip()
+  head, plus, tail = text.rpartition('+')
+  if not plus:
+    head, tail = '', text
+  try:
+    branching = tuple(int(b) for b in head.split('x')) if head else ()
+    chain = int(tail)
+  except ValueError:
+    raise ValueError(f"a tree is written 'B1xB2+C' (e.g. '2+2', '3x2+1', '+4'), got {spec!r}.") from None
+  static_tree(branching, chain)  # the same checks as a tree given in numbers
+  return branching, chain
+
+
+def tree_name(branching: Sequence[int], chain: int) -> str:
+  """The 'B1xB2+C' name of a tree (`parse_tree`'s inverse)."""
+  return 'x'.join(str(int(b)) for b in branching) + f'+{int(chain)}'
+
+
 # ---------------------------------------------------------------------------
 # The inputs of one target call over the tree
 # ---------------------------------------------------------------------------

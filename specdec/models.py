@@ -217,9 +217,11 @@ class SpeculativeEncoderDecoderModel:
           {'params': params}, ids, method=module.projection_rows)
 
     def tokens_to_logits(state: decoding.DecodingState):
+      # A draft tree's layout only where there is one: every network takes the chain's call.
+      layout = {} if state.layout is None else {'layout': state.layout}
       logits, new_vars = module.apply(
           {'params': params, 'cache': state.cache}, state.cur_token,
-          state.cur_index, method=module.decode_step, mutable=['cache'], **extra)
+          state.cur_index, method=module.decode_step, mutable=['cache'], **extra, **layout)
       if ids is not None:
         logits = feature_drafter.widen_logits(logits, ids, _vocab_size(module))
       return logits, constrain(new_vars.get('cache', {}))

@@ -684,3 +684,16 @@ class TestWholeTree:
     without_q = draft_tree.verify_tree(jax.random.PRNGKey(1), shape, tokens, None, logp, rule='fixed')
     for a, b in zip(with_q, without_q):
       np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize('spec, want', [('2+2', ((2,), 2)), ('3x2+1', ((3, 2), 1)), ('+4', ((), 4)), ('4', ((), 4)),
+                                        ('2x2+0', ((2, 2), 0))])
+def test_parse_tree_and_its_name(spec, want):
+  assert draft_tree.parse_tree(spec) == want
+  assert draft_tree.parse_tree(draft_tree.tree_name(*want)) == want
+
+
+@pytest.mark.parametrize('spec', ['', 'x+1', '2x+1', '0+1', '+0', 'a+b', '2+-1'])
+def test_parse_tree_refuses_what_is_not_a_tree(spec):
+  with pytest.raises(ValueError):
+    draft_tree.parse_tree(spec)

@@ -174,3 +174,34 @@ class ToyFeatureDrafter:
     table = jnp.asarray(target.table if self.exact else self.table)
     logits_bkv = jnp.where(ok_bk[..., None], table[h_bk], table[(h_bk + 1) % NUM_BUCKETS])
     return logits_bkv, jax.nn.one_hot(h_bk, NUM_BUCKETS), {'tokens': tokens_bl}
+
+
+class ToyTreeModel(ToyModel):
+  """A `ToyModel` that also decodes a draft tree's nodes (`DecodingState.layout`).
+
+  It keeps the tokens it was fed in a cache leaf named `cached_key` ([B, L, 1, 1]), one per slot, so a tree
+  decode moves them as it moves a network's keys. The logits of a token are the table's row at the hash of what
+  the token attends to: Σ token[slot] * w[position held by the slot] over its visible slots (its layout's, or every
+  slot up to its position). So a node that saw the wrong ancestors, a slot left stale or not moved back gives
+  other logits, and the statistical tests see it.
+  """
+
+  def init_cache(self, batch: int):
+    return {'cached_key': jnp.zeros((batch, self.cache_len, 1, 1), jnp.int32)}
+
+  def tokens_to_logits(self, state: decoding.DecodingState):
+    rows, k = state.cur_token.shape
+    length = self.cache_len
+    layout = state.layout
+    if layout is None:
+      positions_bk = state.cur_index[:, None] + jnp.arange(k)
+      slots_bk, key_positions_bl = positions_bk, jnp.broadcast_to(jnp.arange(length), (rows, length))
+      attend_bkl = jnp.arange(length)[None, None, :] <= positions_bk[:, :, None]
+    else:
+      positions_bk, slots_bk = layout.positions_bk, layout.slots_bk
+      attend_bkl, key_positions_bl = layout.attend_bkl, layout.key_positions_bl
+    tokens_bl = state.cache['cached_key'][..., 0, 0].at[jnp.arange(rows)[:, None], slots_bk].set(
+        state.cur_token, mode='drop')
+    weights_bl = jnp.asarray(self.weights)[jnp.clip(key_positions_bl, 0, length - 1)]
+    hash_bk = jnp.sum(jnp.where(attend_bkl, (tokens_bl * weights_bl)[:, None, :], 0), axis=-1) % NUM_BUCKETS
+    return jnp.asarray(self.table)[hash_bk], {'cached_key': tokens_bl[..., None, None]}

@@ -1,0 +1,205 @@
+"""Draft trees against chains on this machine: one T5 drafter, the same examples, every decoder interleaved.
+
+  python scripts/compare_trees.py --target models/cpu_v2/target --drafter models/cpu_v2/d1kd \
+      --chains 1 2 3 4 --trees 2+1 2+2 3+1 2x2+1 --examples 24 --out results/trees/v2_d1kd_ende_t0
+
+The first --examples examples of the task's split, batch 1, inputs padded to one length (one compiled program per
+decoder; compile time excluded by a warm-up). Per example, every decoder (the baseline, `speculative_sample` at each
+chain γ, `tree_speculative_sample` on each tree, 'B1xB2+C' as `draft_tree.parse_tree`) runs in turn, --repeats
+times, and each keeps its median. Reports per decoder: speedup (the baseline's total time over its own), tokens per
+target call, the verify call's width (γ+1, or the tree's nodes) and what a call of that width costs on this machine
+(`profiling.verify_cost_curve`, measured in the same run), and at temperature 0 the share of outputs identical to
+the baseline's. Writes <out>/compare.{md,json}.
+"""
+
+import argparse
+import datetime
+import functools
+import os
+import sys
+import time
+from typing import Any, Dict, List
+
+import jax
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from specdec import benchmark  # pylint: disable=g-import-not-at-top,wrong-import-position
+from specdec import decoding
+from specdec import draft_tree
+from specdec import evaluation
+from specdec import fileio
+from specdec import loading
+from specdec import main as specdec_main
+from specdec import models
+from specdec import network
+from specdec import profiling
+from specdec import reporting
+from specdec import tasks
+from specdec import tree_decoding
+
+LENGTHS = {'inputs': 96, 'targets': 48}  # the tasks' gin lengths (gin/tasks/*_local.gin)
+TASKS = {'ende': tasks.ENDE_LOCAL_TASK, 'summarize': tasks.SUMMARIZE_LOCAL_TASK}
+
+
+def parse_args(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--target', required=True)
+  parser.add_argument('--drafter', required=True, help='a T5 drafter (trees need a network drafter)')
+  parser.add_argument('--task', choices=sorted(TASKS), default='ende')
+  parser.add_argument('--split', default='validation')
+  parser.add_argument('--examples', type=int, default=24)
+  parser.add_argument('--chains', type=int, nargs='*', default=[1, 2, 3, 4])
+  parser.add_argument('--trees', nargs='*', default=['2+1', '2+2', '3+1', '2x2+1'])
+  parser.add_argument('--temperature', type=float, default=0.0)
+  parser.add_argument('--rule', default='without_replacement', choices=draft_tree.RULES)
+  parser.add_argument('--repeats', type=int, default=3)
+  parser.add_argument('--seed', type=int, default=0)
+  parser.add_argument('--out', required=True)
+  args = parser.parse_args(argv)
+  if args.examples < 1 or args.repeats < 1:
+    parser.error(f'--examples and --repeats must be >= 1, got {args.examples}, {args.repeats}')
+  if any(g < 1 for g in args.chains):
+    parser.error(f'--chains must be >= 1, got {args.chains}')
+  if not args.chains and not args.trees:
+    parser.error('give at least one of --chains and --trees')
+  try:
+    args.tree_shapes = {spec: draft_tree.parse_tree(spec) for spec in args.trees}
+  except ValueError as e:
+    parser.error(f'--trees: {e}')
+  if args.temperature < 0:
+    parser.error(f'--temperature must be >= 0, got {args.temperature}')
+  for flag in ('target', 'drafter'):
+    if not os.path.isdir(getattr(args, flag)):
+      parser.error(f'--{flag} {getattr(args, flag)} is not a directory')
+  return args
+
+
+def decoder_specs(args) -> Dict[str, Dict[str, Any]]:
+  """{name: {'kind', 'width' (tokens of its verify call), 'params' (decoder_params)}} in report order."""
+  base = {'temperature': args.temperature, 'topk': 0}
+  specs = {'baseline': {'kind': 'baseline', 'width': 1, 'params': base}}
+  for gamma in args.chains:
+    specs[f'chain γ={gamma}'] = {'kind': 'chain', 'width': gamma + 1,
+                                 'params': dict(base, gamma=gamma, return_stats=True)}
+  for spec, (branching, chain) in args.tree_shapes.items():
+    shape = draft_tree.static_tree(branching, chain)
+    specs[f'tree {spec}'] = {'kind': 'tree', 'width': shape.num_nodes, 'depth': shape.max_depth,
+                             'params': dict(base, branching=branching, chain=chain, rule=args.rule,
+                                            return_stats=True)}
+  return specs
+
+
+def summarize(specs: Dict[str, Dict[str, Any]], records: List[Dict[str, Any]], curve: Dict[str, Any]
+              ) -> Dict[str, Dict[str, Any]]:
+  """Per decoder: total seconds, speedup over the baseline, tokens per target call, identical share."""
+  base_total = sum(r['seconds']['baseline'] for r in records)
+  out = {}
+  for name, spec in specs.items():
+    total = sum(r['seconds'][name] for r in records)
+    row = {'kind': spec['kind'], 'width': spec['width'], 'seconds': total, 'speedup': base_total / total}
+    width = spec['width']
+    row['verify_ratio'] = curve['ratio'][width - 1] if width <= len(curve['ratio']) else None
+    if spec['kind'] != 'baseline':
+      calls = sum(r['target_calls'][name] for r in records)
+      row['tokens_per_call'] = sum(r['emitted'][name] for r in records) / calls if calls else None
+      row['identical'] = float(np.mean([r['identical'][name] for r in records]))
+    out[name] = row
+  return out
+
+
+def markdown(summary: Dict[str, Dict[str, Any]], args, header: str, num_examples: int, greedy: bool) -> str:
+  lines = ['# Draft trees against chains, side by side', '', header, '',
+           f'`{args.drafter}` drafting for `{args.target}`, {num_examples} {args.task} {args.split} examples, batch 1, '
+           f'temperature {args.temperature:g}{"" if greedy else f", sibling rule {args.rule}"}; every decoder in turn '
+           f'on each example, median of {args.repeats}. Width: the tokens of a verify call (γ+1, or the tree\'s '
+           'nodes); verify cost: a call of that width over a one-token call, on this machine '
+           '(`profiling.verify_cost_curve`).', '',
+           '| decoder | speedup | tokens / target call | width | verify cost | identical |', '|---|---|---|---|---|---|']
+  best_chain = max((n for n, r in summary.items() if r['kind'] == 'chain'), key=lambda n: summary[n]['speedup'],
+                   default=None)
+  best_tree = max((n for n, r in summary.items() if r['kind'] == 'tree'), key=lambda n: summary[n]['speedup'],
+                  default=None)
+  for name, r in summary.items():
+    mark = '**' if name in (best_chain, best_tree) else ''
+    identical = '-' if r['kind'] == 'baseline' or not greedy else f"{100 * r['identical']:.0f}%"
+    lines.append(f"| {mark}{name}{mark} | {r['speedup']:.3f}× | {reporting.fmt(r.get('tokens_per_call'), '.2f')} | "
+                 f"{r['width']} | {reporting.fmt(r['verify_ratio'], '.2f')} | {identical} |")
+  if best_chain and best_tree:
+    ratio = summary[best_tree]['speedup'] / summary[best_chain]['speedup']
+    lines += ['', f'Best tree ({best_tree}) / best chain ({best_chain}): **{ratio:.3f}×**.']
+  return '\n'.join(lines) + '\n'
+
+
+def _timed(fn, *args):
+  start = time.perf_counter()
+  out = jax.block_until_ready(fn(*args))
+  return time.perf_counter() - start, out
+
+
+def main(argv=None):
+  args = parse_args(argv)
+  specdec_main.register_tasks()
+  command = reporting.run_command(['scripts/compare_trees.py'] + list(sys.argv[1:] if argv is None else argv))
+  machine = reporting.machine_info()
+  header = (f"`{command}` · {datetime.datetime.now().isoformat(timespec='seconds')} · {machine['processor']}, "
+            f"{machine['cpu_count']} CPUs, jax {machine['jax']}")
+  target_module, target_params = loading.load_module_and_params(args.target)
+  drafter_module, drafter_params = loading.load_module_and_params(args.drafter)
+  if not isinstance(drafter_module, network.Transformer):
+    raise SystemExit(f'--drafter {args.drafter} is not a T5 network; trees are drafted by network drafters.')
+  examples = evaluation.task_examples(TASKS[args.task], args.split, LENGTHS, args.examples)
+  batches = [batch for _, batch in benchmark.make_batches(examples, LENGTHS, 1, use_buckets=False)]
+  specs = decoder_specs(args)
+  params = {'target': target_params, 'drafter': drafter_params}
+  predict = {}
+  for name, spec in specs.items():
+    decode_fn = {'baseline': decoding.temperature_sample, 'chain': decoding.speculative_sample,
+                 'tree': tree_decoding.tree_speculative_sample}[spec['kind']]
+    model = models.SpeculativeEncoderDecoderModel(target_module, None if spec['kind'] == 'baseline' else
+                                                  drafter_module, decode_fn=decode_fn)
+    predict[name] = functools.partial(model.compile_predict(spec['params']),
+                                      {'target': target_params} if spec['kind'] == 'baseline' else params)
+  print(f'compiling {len(predict)} decoders', flush=True)
+  for fn in predict.values():  # compile time is not measured
+    jax.block_until_ready(fn(batches[0], jax.random.PRNGKey(args.seed)))
+  curve = profiling.verify_cost_curve(target_module, target_params, batches[0]['encoder_input_tokens'],
+                                      LENGTHS['targets'], max(s['width'] for s in specs.values()))
+  records, start = [], time.perf_counter()
+  names = list(predict)
+  for i, batch in enumerate(batches):
+    rng = jax.random.PRNGKey(args.seed + i)
+    seconds = {n: [] for n in names}
+    outputs = {}
+    for rep in range(args.repeats):
+      for n in names[rep % len(names):] + names[:rep % len(names)]:  # each repeat starts one decoder later
+        t, outputs[n] = _timed(predict[n], batch, rng)
+        seconds[n].append(t)
+    base_l = np.asarray(outputs['baseline'][0])[0]
+    rec = {'index': i, 'seconds': {n: float(np.median(s)) for n, s in seconds.items()},
+           'target_calls': {}, 'emitted': {}, 'identical': {}}
+    for n in names[1:]:
+      decoded, aux = outputs[n]
+      stats = jax.tree_util.tree_map(np.asarray, aux['stats'])
+      rec['target_calls'][n] = int(stats['target_calls'][0])
+      rec['emitted'][n] = int(stats['emitted'][0])
+      rec['identical'][n] = bool(np.array_equal(np.asarray(decoded)[0], base_l))
+    records.append(rec)
+    so_far = summarize(specs, records, curve)
+    best = max(names[1:], key=lambda n: so_far[n]['speedup'])
+    print(f'[{i + 1}/{len(batches)}] {time.perf_counter() - start:.0f}s; best so far {best} '
+          f"{so_far[best]['speedup']:.3f}×", flush=True)
+  summary = summarize(specs, records, curve)
+  greedy = args.temperature == 0
+  os.makedirs(args.out, exist_ok=True)
+  fileio.write_json(os.path.join(args.out, 'compare.json'), {
+      'command': command, 'machine': machine, 'settings': {k: v for k, v in vars(args).items() if k != 'tree_shapes'},
+      'verify_curve': curve, 'summary': summary, 'examples': records})
+  text = markdown(summary, args, header, len(records), greedy)
+  fileio.atomic_write(os.path.join(args.out, 'compare.md'), text.encode())
+  print(text, flush=True)
+  return summary
+
+
+if __name__ == '__main__':
+  main()

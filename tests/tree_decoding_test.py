@@ -1,0 +1,251 @@
+"""Tests for specdec/tree_decoding.py: whole tree decodes keep the target's greedy tokens and its law.
+
+Toy models with exact, enumerable distributions (tests/toy.py `ToyTreeModel`, which decodes a tree's nodes and
+keeps its fed tokens where a network keeps its keys), and tiny T5 networks through the model.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specdec import decoding
+from specdec import draft_tree
+from specdec import models
+from specdec import network
+from specdec import tree_decoding
+from tests import toy
+
+EOS = 1
+
+
+def _baseline(model, inputs, **kw):
+  fn = functools.partial(decoding.temperature_sample, tokens_to_logits=model.tokens_to_logits, eos_id=EOS, **kw)
+  return jax.jit(fn)(inputs, model.init_cache(inputs.shape[0]))
+
+
+def _tree(target, drafter, inputs, branching, chain, **kw):
+  fn = functools.partial(tree_decoding.tree_speculative_sample, tokens_to_logits=target.tokens_to_logits,
+                         draft_tokens_to_logits=drafter.tokens_to_logits, eos_id=EOS, branching=branching,
+                         chain=chain, **kw)
+  batch = inputs.shape[0]
+  return jax.jit(fn)(inputs, target.init_cache(batch), draft_cache=drafter.init_cache(batch))
+
+
+TREES = [((), 3), ((2,), 2), ((3, 2), 1), ((2, 2, 2), 0)]
+
+
+class TestGreedyIdentity:
+  LENGTH, VOCAB = 10, 7
+
+  def _models(self, drafter_seed=41):
+    target = toy.ToyTreeModel(40, vocab=self.VOCAB, cache_len=self.LENGTH, scale=1.5, eos_bias=-1.0)
+    return target, toy.ToyTreeModel(drafter_seed, vocab=self.VOCAB, cache_len=self.LENGTH, scale=1.5)
+
+  @pytest.mark.parametrize('branching, chain', TREES)
+  @pytest.mark.parametrize('shrink_batch', [False, True])
+  def test_the_targets_greedy_tokens(self, branching, chain, shrink_batch):
+    target, drafter = self._models()
+    inputs = jnp.zeros((16, self.LENGTH), jnp.int32)
+    want = _baseline(target, inputs, temperature=0.0)[0][:, -1]
+    got = _tree(target, drafter, inputs, branching, chain, temperature=0.0, shrink_batch=shrink_batch)
+    np.testing.assert_array_equal(got.decodes[:, -1], want)
+
+  @pytest.mark.parametrize('branching, chain', TREES)
+  def test_a_drafter_equal_to_the_target_keeps_a_whole_path_each_round(self, branching, chain):
+    target, _ = self._models()
+    inputs = jnp.zeros((4, self.LENGTH), jnp.int32)
+    want = _baseline(target, inputs, temperature=0.0)[0][:, -1]
+    got = _tree(target, target, inputs, branching, chain, temperature=0.0, return_stats=True)
+    np.testing.assert_array_equal(got.decodes[:, -1], want)
+    stats = jax.tree_util.tree_map(lambda x: np.asarray(x[:, -1]), got.stats)
+    # Each round keeps its drafts and one more token; only the last can be cut short (EOS or the length).
+    slack = stats['accepted'] + stats['target_calls'] - stats['emitted']
+    assert np.all((slack >= 0) & (slack <= 1))
+    # Every round but the last keeps the draft at depth 1, so a round emits more than one token.
+    assert np.all(stats['accepted_at'][:, 0] >= stats['target_calls'] - 1)
+
+  def test_rows_stop_at_their_step_limit(self):
+    target, drafter = self._models()
+    inputs = jnp.zeros((3, self.LENGTH), jnp.int32)
+    steps = jnp.array([2, 5, 9], jnp.int32)
+    want = _baseline(target, inputs, temperature=0.0, max_decode_steps=steps)[0][:, -1]
+    got = _tree(target, drafter, inputs, (2,), 2, temperature=0.0, max_decode_steps=steps)
+    np.testing.assert_array_equal(got.decodes[:, -1], want)
+
+  def test_without_moving_the_accepted_path_the_output_is_wrong(self, monkeypatch):
+    """The move of the accepted path's cache entries to their positions is what keeps later rounds right."""
+    target, _ = self._models()
+    inputs = jnp.zeros((8, self.LENGTH), jnp.int32)
+    want = _baseline(target, inputs, temperature=0.0)[0][:, -1]
+    monkeypatch.setattr(tree_decoding, 'move_cache_slots', lambda cache, *args: cache)
+    got = _tree(target, target, inputs, (3,), 2, temperature=0.0)
+    assert not np.array_equal(got.decodes[:, -1], want)
+
+
+class TestSequenceDistribution:
+  """Whole decodes: the empirical law of sequences equals the target's (one batch of ROWS rows)."""
+
+  LENGTH, VOCAB, ROWS = 4, 5, 20_000
+
+  def _models(self):
+    target = toy.ToyTreeModel(30, vocab=self.VOCAB, cache_len=self.LENGTH, scale=1.5, eos_bias=0.5)
+    drafter = toy.ToyTreeModel(31, vocab=self.VOCAB, cache_len=self.LENGTH, scale=1.5)
+    return target, drafter
+
+  def _samples(self, branching, chain, rule, temperature, topk, topp, seed):
+    target, drafter = self._models()
+    inputs = jnp.zeros((self.ROWS, self.LENGTH), jnp.int32)
+    out = _tree(target, drafter, inputs, branching, chain, rule=rule, temperature=temperature, topk=topk,
+                topp=topp, decode_rng=jax.random.PRNGKey(seed), shrink_batch=False)
+    return np.asarray(out.decodes[:, 0])
+
+  @pytest.mark.parametrize('branching, chain, rule, temperature, topk, topp', [
+      ((2,), 1, 'without_replacement', 1.0, 0, 0.0),
+      ((3,), 1, 'with_replacement', 1.0, 0, 0.0),
+      ((2, 2), 0, 'fixed', 0.7, 3, 0.0),
+      ((2,), 2, 'without_replacement', 1.3, 0, 0.8),
+      ((), 3, 'with_replacement', 1.0, 0, 0.0),
+  ])
+  def test_tree_decodes_have_the_targets_law(self, branching, chain, rule, temperature, topk, topp):
+    target, _ = self._models()
+    exact = toy.exact_distribution(target, self.LENGTH, EOS, temperature, topk, topp)
+    samples = self._samples(branching, chain, rule, temperature, topk, topp, seed=len(branching) + chain)
+    assert toy.chi_square_pvalue(samples, exact) > 1e-3
+
+  def test_siblings_verified_by_the_wrong_rule_change_the_law(self, monkeypatch):
+    """The drafter's top-k verified as if drawn at random from q: the test above would see it."""
+    draw = draft_tree.draw_children
+    monkeypatch.setattr(tree_decoding.draft_tree, 'draw_children',
+                        lambda rng, logq, k, rule: draw(rng, logq, k, 'fixed'))
+    target, _ = self._models()
+    exact = toy.exact_distribution(target, self.LENGTH, EOS, 1.0, 0, 0.0)
+    samples = self._samples((2,), 1, 'with_replacement', 1.0, 0, 0.0, seed=5)
+    assert toy.chi_square_pvalue(samples, exact) < 1e-6
+
+
+class TestCacheMoves:
+
+  def test_sources_are_read_before_destinations_are_written(self):
+    keys = jnp.arange(2 * 6, dtype=jnp.float32).reshape(2, 6, 1, 1)
+    cache = {'layer': {'cached_key': keys, 'cached_value': -keys, 'encoded_key': keys}}
+    # Row 0: slot 3 -> 2 and slot 4 -> 3 (slot 3 is both); row 1: nothing moves.
+    moved = tree_decoding.move_cache_slots(cache, jnp.array([[3, 4], [1, 2]]), jnp.array([[2, 3], [1, 2]]),
+                                           jnp.array([[True, True], [False, False]]))
+    np.testing.assert_array_equal(moved['layer']['cached_key'][..., 0, 0], [[0, 1, 3, 4, 4, 5],
+                                                                            [6, 7, 8, 9, 10, 11]])
+    np.testing.assert_array_equal(moved['layer']['cached_value'], -moved['layer']['cached_key'])
+    np.testing.assert_array_equal(moved['layer']['encoded_key'], keys)  # not a per-position leaf
+
+  def test_a_batch_axis_after_a_leading_one(self):
+    keys = jnp.arange(2 * 2 * 5, dtype=jnp.float32).reshape(2, 2, 5, 1, 1)
+    moved = tree_decoding.move_cache_slots({'cached_key': keys}, jnp.array([[4], [3]]), jnp.array([[1], [1]]),
+                                           jnp.array([[True], [True]]), cache_offset=1)
+    np.testing.assert_array_equal(moved['cached_key'][:, 0, 1, 0, 0], keys[:, 0, 4, 0, 0])
+    np.testing.assert_array_equal(moved['cached_key'][:, 1, 1, 0, 0], keys[:, 1, 3, 0, 0])
+
+
+class TestBadInputs:
+  LENGTH = 6
+
+  def _call(self, inputs=None, **kw):
+    target = toy.ToyTreeModel(1, vocab=5, cache_len=self.LENGTH)
+    inputs = jnp.zeros((2, self.LENGTH), jnp.int32) if inputs is None else inputs
+    return tree_decoding.tree_speculative_sample(
+        inputs, target.init_cache(2), target.tokens_to_logits, target.init_cache(2), target.tokens_to_logits,
+        EOS, **kw)
+
+  @pytest.mark.parametrize('kwargs, message', [
+      (dict(rule='greedy'), 'rule must be one of'),
+      (dict(branching=(0,)), 'branching must be ints >= 1'),
+      (dict(branching=(), chain=0), 'needs at least one draft'),
+      (dict(draft_reads_features=True), 'feature head does not draft trees'),
+      (dict(temperature=-1.0), 'temperature'),
+  ])
+  def test_bad_settings(self, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+      self._call(**kwargs)
+
+  def test_a_decoder_prompt_is_refused(self):
+    with pytest.raises(ValueError, match='no decoder prompt'):
+      self._call(inputs=jnp.zeros((2, self.LENGTH), jnp.int32).at[0, 1].set(3))
+
+  def test_a_drafter_that_does_not_decode_trees_is_named(self):
+    target, plain = toy.ToyTreeModel(1, vocab=5, cache_len=self.LENGTH), toy.ToyModel(2, vocab=5,
+                                                                                     cache_len=self.LENGTH)
+    plain_cache = {'cached_key': jnp.zeros((2, self.LENGTH, 1, 1), jnp.int32)}
+    with pytest.raises(ValueError, match='draft_tokens_to_logits does not decode a draft tree'):
+      tree_decoding.tree_speculative_sample(
+          jnp.zeros((2, self.LENGTH), jnp.int32), target.init_cache(2), target.tokens_to_logits, plain_cache,
+          lambda state: plain.tokens_to_logits(state.replace(cache={'tokens': state.cache['cached_key'][..., 0, 0],
+                                                                    'calls': jnp.zeros((2,), jnp.int32)}))
+          if state.layout is None else _refuse_layout(), EOS)
+
+
+def _refuse_layout():
+  raise TypeError("decode_step() got an unexpected keyword argument 'layout'")
+
+
+class TestT5Networks:
+  """Tiny T5 networks through `models.SpeculativeEncoderDecoderModel`: the tree's layout in a real decode step."""
+
+  VOCAB = 48
+  TARGET_CFG = network.t5_1_1_config('tiny', vocab_size=VOCAB)
+  DRAFTER_CFG = network.t5_1_1_config('tiny', vocab_size=VOCAB, emb_dim=16, num_heads=2, num_encoder_layers=1,
+                                      num_decoder_layers=1, mlp_dim=32)
+
+  def _batch(self, batch=6, input_len=9, target_len=12, seed=1):
+    rng = np.random.RandomState(seed)
+    enc = rng.randint(2, self.VOCAB, size=(batch, input_len))
+    for b in range(batch):
+      enc[b, input_len - (b % 4):] = 0
+    return {'encoder_input_tokens': jnp.asarray(enc, jnp.int32),
+            'decoder_input_tokens': jnp.zeros((batch, target_len), jnp.int32)}
+
+  def _params(self, seed=0):
+    target_rng, drafter_rng = jax.random.split(jax.random.PRNGKey(seed))
+    target = network.init_params(self.TARGET_CFG, target_rng)
+    kernel = target['decoder']['logits_dense']['kernel']  # a mild EOS bias: rows end at different steps
+    target['decoder']['logits_dense']['kernel'] = kernel.at[:, EOS].add(0.15 * jnp.sign(kernel[:, EOS]))
+    return {'target': target, 'drafter': network.init_params(self.DRAFTER_CFG, drafter_rng)}
+
+  def _models(self, drafter_cfg):
+    base = models.SpeculativeEncoderDecoderModel(network.Transformer(self.TARGET_CFG), None,
+                                                 decode_fn=decoding.temperature_sample)
+    tree = models.SpeculativeEncoderDecoderModel(network.Transformer(self.TARGET_CFG),
+                                                 network.Transformer(drafter_cfg),
+                                                 decode_fn=tree_decoding.tree_speculative_sample)
+    return base, tree
+
+  @pytest.mark.parametrize('same, branching, chain', [(False, (2,), 2), (False, (3, 2), 1), (True, (2,), 3)])
+  def test_greedy_tokens_and_scores_are_the_baselines(self, same, branching, chain):
+    params = self._params()
+    if same:
+      params = {'target': params['target'], 'drafter': params['target']}
+    base, tree = self._models(self.TARGET_CFG if same else self.DRAFTER_CFG)
+    batch = self._batch(seed=len(branching) + chain)
+    want, want_aux = base.compile_predict({'temperature': 0.0})(params, batch)
+    got, aux = tree.compile_predict({'temperature': 0.0, 'branching': branching, 'chain': chain,
+                                     'return_stats': True})(params, batch)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(aux['scores'], want_aux['scores'])
+    if same:  # the drafter's top child is the target's argmax: whole paths are kept
+      stats = jax.tree_util.tree_map(np.asarray, aux['stats'])
+      assert np.all(stats['accepted_at'][:, 0] >= stats['target_calls'] - 1)
+
+  def test_sampled_log_probs_equal_teacher_forced_scores(self):
+    params = self._params()
+    base, tree = self._models(self.DRAFTER_CFG)
+    batch = self._batch(seed=4)
+    decodes, aux = tree.compile_predict({'temperature': 1.0, 'topk': 0, 'branching': (2,), 'chain': 2})(
+        params, batch, jax.random.PRNGKey(2))
+    targets = np.asarray(decodes)
+    eos_pos = np.where(np.any(targets == EOS, -1), np.argmax(targets == EOS, -1), targets.shape[1] - 1)
+    valid = np.arange(targets.shape[1])[None] <= eos_pos[:, None]
+    logits = base.module.apply({'params': params['target']}, batch['encoder_input_tokens'],
+                               jnp.asarray(np.pad(targets, ((0, 0), (1, 0)))[:, :-1]),
+                               jnp.asarray(valid, jnp.int32), enable_dropout=False)
+    token_logp = np.take_along_axis(np.asarray(jax.nn.log_softmax(logits)), targets[..., None], -1)[..., 0]
+    np.testing.assert_allclose(np.sum(token_logp * valid, -1), aux['scores'], rtol=1e-4, atol=1e-4)
