@@ -9,7 +9,13 @@ chain γ, `tree_speculative_sample` on each tree, 'B1xB2+C' as `draft_tree.parse
 times, and each keeps its median. Reports per decoder: speedup (the baseline's total time over its own), tokens per
 target call, the verify call's width (γ+1, or the tree's nodes) and what a call of that width costs on this machine
 (`profiling.verify_cost_curve`, measured in the same run), and at temperature 0 the share of outputs identical to
-the baseline's. Writes <out>/compare.{md,json}.
+the baseline's.
+
+Beside them, the prediction: how often the target's greedy token is the drafter's 1st, 2nd, .. choice
+(`evaluation.draft_rank_probabilities`, on the --calibration_examples examples after the measured ones), the
+drafter's call cost c (isolated, `profiling.time_decode_calls`), and per decoder the expected tokens a round
+(`draft_tree.expected_tree_tokens`) and speedup (`draft_tree.tree_speedup`). The tree `draft_tree.best_tree` picks
+from them ("auto") is measured with the others. Writes <out>/compare.{md,json}.
 """
 
 import argparse
@@ -54,11 +60,13 @@ def parse_args(argv=None):
   parser.add_argument('--temperature', type=float, default=0.0)
   parser.add_argument('--rule', default='without_replacement', choices=draft_tree.RULES)
   parser.add_argument('--repeats', type=int, default=3)
+  parser.add_argument('--calibration_examples', type=int, default=32)
   parser.add_argument('--seed', type=int, default=0)
   parser.add_argument('--out', required=True)
   args = parser.parse_args(argv)
-  if args.examples < 1 or args.repeats < 1:
-    parser.error(f'--examples and --repeats must be >= 1, got {args.examples}, {args.repeats}')
+  if args.examples < 1 or args.repeats < 1 or args.calibration_examples < 1:
+    parser.error('--examples, --repeats and --calibration_examples must be >= 1, got '
+                 f'{args.examples}, {args.repeats}, {args.calibration_examples}')
   if any(g < 1 for g in args.chains):
     parser.error(f'--chains must be >= 1, got {args.chains}')
   if not args.chains and not args.trees:
@@ -75,24 +83,33 @@ def parse_args(argv=None):
   return args
 
 
-def decoder_specs(args) -> Dict[str, Dict[str, Any]]:
-  """{name: {'kind', 'width' (tokens of its verify call), 'params' (decoder_params)}} in report order."""
+def decoder_specs(args, auto_tree=None) -> Dict[str, Dict[str, Any]]:
+  """{name: {'kind', 'width' (tokens of its verify call), 'depth', 'shape', 'params' (decoder_params)}} in report
+  order; `auto_tree` (branching, chain) adds 'tree auto …' unless it is one of --trees already."""
   base = {'temperature': args.temperature, 'topk': 0}
   specs = {'baseline': {'kind': 'baseline', 'width': 1, 'params': base}}
   for gamma in args.chains:
-    specs[f'chain γ={gamma}'] = {'kind': 'chain', 'width': gamma + 1,
+    specs[f'chain γ={gamma}'] = {'kind': 'chain', 'width': gamma + 1, 'shape': draft_tree.static_tree((), gamma),
                                  'params': dict(base, gamma=gamma, return_stats=True)}
-  for spec, (branching, chain) in args.tree_shapes.items():
+  trees = dict(args.tree_shapes)
+  names = {shape: f'tree {spec}' for spec, shape in trees.items()}
+  if auto_tree is not None:
+    auto_tree = (tuple(auto_tree[0]), int(auto_tree[1]))
+    if auto_tree not in names:
+      trees[draft_tree.tree_name(*auto_tree)] = auto_tree
+      names[auto_tree] = f'tree auto {draft_tree.tree_name(*auto_tree)}'
+  for branching, chain in trees.values():
     shape = draft_tree.static_tree(branching, chain)
-    specs[f'tree {spec}'] = {'kind': 'tree', 'width': shape.num_nodes, 'depth': shape.max_depth,
-                             'params': dict(base, branching=branching, chain=chain, rule=args.rule,
-                                            return_stats=True)}
+    specs[names[(branching, chain)]] = {'kind': 'tree', 'width': shape.num_nodes, 'shape': shape,
+                                        'params': dict(base, branching=branching, chain=chain, rule=args.rule,
+                                                       return_stats=True)}
   return specs
 
 
-def summarize(specs: Dict[str, Dict[str, Any]], records: List[Dict[str, Any]], curve: Dict[str, Any]
-              ) -> Dict[str, Dict[str, Any]]:
-  """Per decoder: total seconds, speedup over the baseline, tokens per target call, identical share."""
+def summarize(specs: Dict[str, Dict[str, Any]], records: List[Dict[str, Any]], curve: Dict[str, Any],
+              rank_probs=None, c=None) -> Dict[str, Dict[str, Any]]:
+  """Per decoder: total seconds, speedup over the baseline, tokens per target call, identical share; with
+  `rank_probs` and `c` the predicted tokens a round and speedup."""
   base_total = sum(r['seconds']['baseline'] for r in records)
   out = {}
   for name, spec in specs.items():
@@ -104,18 +121,27 @@ def summarize(specs: Dict[str, Dict[str, Any]], records: List[Dict[str, Any]], c
       calls = sum(r['target_calls'][name] for r in records)
       row['tokens_per_call'] = sum(r['emitted'][name] for r in records) / calls if calls else None
       row['identical'] = float(np.mean([r['identical'][name] for r in records]))
+      if rank_probs is not None:
+        row['predicted_tokens_per_call'] = draft_tree.expected_tree_tokens(spec['shape'], rank_probs)
+        ratios = dict(zip(curve['tokens'], curve['ratio']))
+        row['predicted_speedup'] = (draft_tree.tree_speedup(spec['shape'], rank_probs, c, ratios)
+                                    if width in ratios else None)
     out[name] = row
   return out
 
 
-def markdown(summary: Dict[str, Dict[str, Any]], args, header: str, num_examples: int, greedy: bool) -> str:
+def markdown(summary: Dict[str, Dict[str, Any]], args, header: str, num_examples: int, greedy: bool,
+             calibration=None) -> str:
   lines = ['# Draft trees against chains, side by side', '', header, '',
            f'`{args.drafter}` drafting for `{args.target}`, {num_examples} {args.task} {args.split} examples, batch 1, '
            f'temperature {args.temperature:g}{"" if greedy else f", sibling rule {args.rule}"}; every decoder in turn '
            f'on each example, median of {args.repeats}. Width: the tokens of a verify call (γ+1, or the tree\'s '
            'nodes); verify cost: a call of that width over a one-token call, on this machine '
-           '(`profiling.verify_cost_curve`).', '',
-           '| decoder | speedup | tokens / target call | width | verify cost | identical |', '|---|---|---|---|---|---|']
+           '(`profiling.verify_cost_curve`). Predicted: from the rank probabilities and c below '
+           '(`draft_tree.expected_tree_tokens`, `draft_tree.tree_speedup`; c isolated, so the prediction leaves out '
+           'the loop\'s own costs).', '',
+           '| decoder | speedup | predicted | tokens / target call | predicted | width | verify cost | identical |',
+           '|---|---|---|---|---|---|---|---|']
   best_chain = max((n for n, r in summary.items() if r['kind'] == 'chain'), key=lambda n: summary[n]['speedup'],
                    default=None)
   best_tree = max((n for n, r in summary.items() if r['kind'] == 'tree'), key=lambda n: summary[n]['speedup'],
@@ -123,11 +149,22 @@ def markdown(summary: Dict[str, Dict[str, Any]], args, header: str, num_examples
   for name, r in summary.items():
     mark = '**' if name in (best_chain, best_tree) else ''
     identical = '-' if r['kind'] == 'baseline' or not greedy else f"{100 * r['identical']:.0f}%"
-    lines.append(f"| {mark}{name}{mark} | {r['speedup']:.3f}× | {reporting.fmt(r.get('tokens_per_call'), '.2f')} | "
+    predicted = r.get('predicted_speedup')
+    lines.append(f"| {mark}{name}{mark} | {r['speedup']:.3f}× | "
+                 f"{'-' if predicted is None else format(predicted, '.3f') + '×'} | "
+                 f"{reporting.fmt(r.get('tokens_per_call'), '.2f')} | "
+                 f"{reporting.fmt(r.get('predicted_tokens_per_call'), '.2f')} | "
                  f"{r['width']} | {reporting.fmt(r['verify_ratio'], '.2f')} | {identical} |")
   if best_chain and best_tree:
     ratio = summary[best_tree]['speedup'] / summary[best_chain]['speedup']
     lines += ['', f'Best tree ({best_tree}) / best chain ({best_chain}): **{ratio:.3f}×**.']
+  if calibration:
+    probs = ', '.join(f'{p:.3f}' for p in calibration['rank_probs'])
+    lines += ['', f"Calibration ({calibration['examples']} examples after the measured ones, "
+              f"{calibration['positions']} positions): the target's greedy token is the drafter's 1st, 2nd, .. "
+              f"choice with probabilities {probs}; c (isolated) = {calibration['c']:.3f}; "
+              f"`draft_tree.best_tree` picks {draft_tree.tree_name(*calibration['best_tree'])} "
+              f"(predicted {calibration['best_tree_speedup']:.3f}×)."]
   return '\n'.join(lines) + '\n'
 
 
@@ -148,9 +185,26 @@ def main(argv=None):
   drafter_module, drafter_params = loading.load_module_and_params(args.drafter)
   if not isinstance(drafter_module, network.Transformer):
     raise SystemExit(f'--drafter {args.drafter} is not a T5 network; trees are drafted by network drafters.')
-  examples = evaluation.task_examples(TASKS[args.task], args.split, LENGTHS, args.examples)
+  all_examples = evaluation.task_examples(TASKS[args.task], args.split, LENGTHS,
+                                         args.examples + args.calibration_examples)
+  examples, held = all_examples[:args.examples], all_examples[args.examples:]
+  if not held:
+    raise SystemExit(f'the {args.split} split has no examples past the first {args.examples} to calibrate on.')
   batches = [batch for _, batch in benchmark.make_batches(examples, LENGTHS, 1, use_buckets=False)]
-  specs = decoder_specs(args)
+  max_rank = max([4] + [max(b) for b, _ in args.tree_shapes.values() if b])
+  print(f'calibrating on {len(held)} examples: ranks, c, the verify-cost curve', flush=True)
+  calibration = evaluation.draft_rank_probabilities(target_module, target_params, drafter_module, drafter_params,
+                                                    held, LENGTHS, max_rank=max_rank)
+  enc = batches[0]['encoder_input_tokens']
+  calibration['c'] = (profiling.time_decode_calls(drafter_module, drafter_params, enc, LENGTHS['targets'], 1) /
+                      profiling.time_decode_calls(target_module, target_params, enc, LENGTHS['targets'], 1))
+  widest = max([16] + [g + 1 for g in args.chains] +
+               [draft_tree.static_tree(*shape).num_nodes for shape in args.tree_shapes.values()])
+  curve = profiling.verify_cost_curve(target_module, target_params, enc, LENGTHS['targets'], widest)
+  branching, chain, speedup = draft_tree.best_tree(calibration['rank_probs'], calibration['c'],
+                                                   dict(zip(curve['tokens'], curve['ratio'])))
+  calibration.update(best_tree=[list(branching), chain], best_tree_speedup=speedup)
+  specs = decoder_specs(args, (branching, chain))
   params = {'target': target_params, 'drafter': drafter_params}
   predict = {}
   for name, spec in specs.items():
@@ -163,8 +217,6 @@ def main(argv=None):
   print(f'compiling {len(predict)} decoders', flush=True)
   for fn in predict.values():  # compile time is not measured
     jax.block_until_ready(fn(batches[0], jax.random.PRNGKey(args.seed)))
-  curve = profiling.verify_cost_curve(target_module, target_params, batches[0]['encoder_input_tokens'],
-                                      LENGTHS['targets'], max(s['width'] for s in specs.values()))
   records, start = [], time.perf_counter()
   names = list(predict)
   for i, batch in enumerate(batches):
@@ -189,13 +241,13 @@ def main(argv=None):
     best = max(names[1:], key=lambda n: so_far[n]['speedup'])
     print(f'[{i + 1}/{len(batches)}] {time.perf_counter() - start:.0f}s; best so far {best} '
           f"{so_far[best]['speedup']:.3f}×", flush=True)
-  summary = summarize(specs, records, curve)
+  summary = summarize(specs, records, curve, calibration['rank_probs'], calibration['c'])
   greedy = args.temperature == 0
   os.makedirs(args.out, exist_ok=True)
   fileio.write_json(os.path.join(args.out, 'compare.json'), {
       'command': command, 'machine': machine, 'settings': {k: v for k, v in vars(args).items() if k != 'tree_shapes'},
-      'verify_curve': curve, 'summary': summary, 'examples': records})
-  text = markdown(summary, args, header, len(records), greedy)
+      'verify_curve': curve, 'calibration': calibration, 'summary': summary, 'examples': records})
+  text = markdown(summary, args, header, len(records), greedy, calibration)
   fileio.atomic_write(os.path.join(args.out, 'compare.md'), text.encode())
   print(text, flush=True)
   return summary

@@ -49,7 +49,7 @@ drawn from the target's p at the leaf (the bonus token).
 """
 
 import dataclasses
-from typing import NamedTuple, Optional, Sequence, Tuple
+from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -592,3 +592,88 @@ def verify_tree(rng: jax.Array, shape: TreeShape, tokens_bn: jax.Array,
   final_logp_bv = jnp.where(walking_b[:, None], at_node(target_logp_bnv, node_b), final_logp_bv)
   next_token_b = sampling.sample(depth_rngs[-1], final_logp_bv)
   return _verdict(path, tokens, node_b, next_token_b, batch)
+
+
+# ---------------------------------------------------------------------------
+# What a tree is expected to give, and the tree a machine should draft
+# ---------------------------------------------------------------------------
+
+
+def _check_rank_probs(rank_probs) -> np.ndarray:
+  probs_r = np.asarray(rank_probs, np.float64)
+  if probs_r.ndim != 1 or probs_r.size == 0 or np.any(~np.isfinite(probs_r)) or np.any(probs_r < 0) or \
+      probs_r.sum() > 1 + 1e-9:
+    raise ValueError('rank_probs must be a non-empty list of probabilities >= 0 summing to <= 1 (P(the target\'s '
+                     f'token is the drafter\'s r-th choice), r = 1, 2, ...), got {rank_probs!r}.')
+  return probs_r
+
+
+def expected_tree_tokens(shape: TreeShape, rank_probs: Sequence[float]) -> float:
+  """E[tokens a round emits] with a greedy drafter's top-k children: 1 + Σ over draft nodes of P(on the path).
+
+  rank_probs[r]: the probability that the target's token is the drafter's (r+1)-th most likely one, the same
+  at every position whatever came before (the i.i.d. assumption of Thm 3.8, one rate per rank). A node that
+  is its parent's (r+1)-th child is accepted, given its parent was, with probability rank_probs[r]; ranks past
+  the list are never accepted. For a chain of γ this is Eq. (1), (1 - α^(γ+1)) / (1 - α), α = rank_probs[0].
+  """
+  probs_r = _check_rank_probs(rank_probs)
+  on_path_n = np.zeros(shape.num_nodes)
+  on_path_n[0] = 1.0
+  for node in range(shape.num_nodes):  # parents first
+    for rank, child in enumerate(int(c) for c in shape.children[node] if c >= 0):
+      on_path_n[child] = on_path_n[node] * (probs_r[rank] if rank < probs_r.size else 0.0)
+  return float(on_path_n.sum())
+
+
+def tree_speedup(shape: TreeShape, rank_probs: Sequence[float], c: float, verify_cost_ratios) -> float:
+  """Predicted speedup of a tree round: E[tokens] / (D·c + r(n)), D its depth (drafter calls), n its nodes (the
+  verify call's tokens), r(n) a call of n tokens over a one-token call (`verify_cost_ratios`, {k: r(k)});
+  for a chain, `theory.best_gamma`'s formula."""
+  curve = {int(k): float(v) for k, v in dict(verify_cost_ratios).items()}
+  if shape.num_nodes not in curve:
+    raise ValueError(f'verify_cost_ratios has no r({shape.num_nodes}) for a tree of {shape.num_nodes} nodes.')
+  if not np.isfinite(c) or c < 0:
+    raise ValueError(f'c must be a finite cost >= 0, got {c!r}.')
+  return expected_tree_tokens(shape, rank_probs) / (shape.max_depth * c + curve[shape.num_nodes])
+
+
+def candidate_trees(max_nodes: int, max_branching: int = 4, max_levels: int = 3
+                    ) -> List[Tuple[Tuple[int, ...], int]]:
+  """Every static tree of at most `max_nodes` nodes: up to `max_levels` levels branching 2..`max_branching`,
+  then a chain (chains alone included), as (branching, chain)."""
+  out = []
+
+  def grow(branching: Tuple[int, ...]):
+    for chain in range(0, max_nodes):
+      if not branching and chain == 0:
+        continue
+      if static_tree(branching, chain).num_nodes > max_nodes:
+        break
+      out.append((branching, chain))
+    if len(branching) < max_levels:
+      for b in range(2, max_branching + 1):
+        if static_tree(branching + (b,), 0).num_nodes <= max_nodes:
+          grow(branching + (b,))
+
+  grow(())
+  return out
+
+
+def best_tree(rank_probs: Sequence[float], c: float, verify_cost_ratios, max_branching: int = 4,
+              max_levels: int = 3) -> Tuple[Tuple[int, ...], int, float]:
+  """(branching, chain, predicted speedup) of the candidate tree (`candidate_trees`) that `tree_speedup`
+  ranks first among those whose width the curve holds; ties to the smaller tree."""
+  curve = {int(k): float(v) for k, v in dict(verify_cost_ratios).items()}
+  widths = [k for k in curve if k >= 2]
+  if not widths:
+    raise ValueError(f'verify_cost_ratios holds no width >= 2, got keys {sorted(curve)}.')
+  best = None
+  for branching, chain in candidate_trees(max(widths), max_branching, max_levels):
+    shape = static_tree(branching, chain)
+    if shape.num_nodes not in curve:
+      continue
+    speedup = tree_speedup(shape, rank_probs, c, curve)
+    if best is None or speedup > best[2] + 1e-12 or (
+        abs(speedup - best[2]) <= 1e-12 and shape.num_nodes < static_tree(best[0], best[1]).num_nodes):
+      best = (branching, chain, speedup)
+  return best

@@ -132,6 +132,48 @@ def target_confidence(module, params, examples: List[Mapping[str, Any]], feature
           'entropy_mean_nats': float(np.mean(entropy)), 'argmax_agreement': float(np.mean(agree))}
 
 
+def draft_rank_probabilities(target_module, target_params, drafter_module, drafter_params,
+                             examples: List[Mapping[str, Any]], feature_lengths: Mapping[str, int],
+                             max_rank: int = 4, batch_size: int = 32, eos_id: int = 1) -> Dict[str, Any]:
+  """How often the target's greedy token is a T5 drafter's r-th choice: what a draft tree's siblings can catch.
+
+  Each input is decoded greedily by the target; the decode is teacher-forced through the drafter, and at every
+  generated position (up to and including EOS) the rank of the target's token among the drafter's logits is
+  counted. Returns {'rank_probs': [P(rank 1), .., P(rank max_rank)], 'positions': n}; rank_probs[0] is the
+  drafter's greedy acceptance rate α (`draft_tree.expected_tree_tokens` reads the list).
+  """
+  if max_rank < 1:
+    raise ValueError(f'max_rank must be >= 1, got {max_rank!r}.')
+  baseline = models.SpeculativeEncoderDecoderModel(target_module, None, decode_fn=decoding.temperature_sample)
+  predict = baseline.compile_predict({'temperature': 0.0})
+
+  @jax.jit
+  def ranks(params, encoder_input_tokens, decodes_bl, valid_bl):
+    decoder_input_tokens = jnp.pad(decodes_bl, ((0, 0), (1, 0)))[:, :-1]
+    logits = drafter_module.apply({'params': params}, encoder_input_tokens, decoder_input_tokens, valid_bl,
+                                  enable_dropout=False).astype(jnp.float32)
+    token_logit_bl = jnp.take_along_axis(logits, decodes_bl[..., None], axis=-1)
+    # Rank 0 when no token scores higher (ties go to the token: the drafter's top-k takes the lower id first
+    # only among equals, which float logits of different tokens almost never are).
+    return jnp.sum(logits > token_logit_bl, axis=-1)
+
+  counts = np.zeros(max_rank, np.int64)
+  positions = 0
+  for batch, chunk in batches(examples, feature_lengths, batch_size):
+    decodes_bl = np.asarray(predict({'target': target_params}, batch)[0])
+    lengths_b = np.asarray([int(np.flatnonzero(row == eos_id)[0]) + 1 if np.any(row == eos_id) else len(row)
+                            for row in decodes_bl])
+    valid_bl = (np.arange(decodes_bl.shape[1])[None] < lengths_b[:, None]).astype(np.int32)
+    rank_bl = np.asarray(ranks(drafter_params, batch['encoder_input_tokens'], decodes_bl, valid_bl))
+    for row in range(len(chunk)):
+      row_ranks = rank_bl[row, :lengths_b[row]]
+      positions += row_ranks.size
+      counts += np.bincount(np.minimum(row_ranks, max_rank), minlength=max_rank + 1)[:max_rank]
+  if not positions:
+    raise ValueError('draft_rank_probabilities needs at least one example with a generated token.')
+  return {'rank_probs': (counts / positions).tolist(), 'positions': int(positions), 'examples': len(examples)}
+
+
 def token_loss(module, params, examples: List[Mapping[str, Any]], feature_lengths: Mapping[str, int],
                batch_size: int = 32) -> Dict[str, float]:
   """Teacher-forced cross-entropy of `examples`' targets (their tokens up to `feature_lengths['targets']`, EOS

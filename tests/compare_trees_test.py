@@ -52,5 +52,25 @@ def test_summary_and_table(tmp_path):
   assert summary['tree 2+1']['tokens_per_call'] == pytest.approx(2.0)
   assert summary['tree 2+1']['identical'] == pytest.approx(0.5) and summary['tree 2+1']['verify_ratio'] == 1.4
   text = compare_trees.markdown(summary, args, 'header', 2, greedy=True)
-  assert '| **tree 2+1** | 1.600× | 2.00 | 5 | 1.40 | 50% |' in text
+  assert '| **tree 2+1** | 1.600× | - | 2.00 | - | 5 | 1.40 | 50% |' in text
   assert 'Best tree (tree 2+1) / best chain (chain γ=2): **0.800×**' in text
+
+
+def test_the_auto_tree_is_added_once_and_predicted(tmp_path):
+  args = _args(tmp_path, '--chains', '1', '--trees', '2+1')
+  assert list(compare_trees.decoder_specs(args, ((2,), 1))) == ['baseline', 'chain γ=1', 'tree 2+1']
+  specs = compare_trees.decoder_specs(args, ((3,), 2))
+  assert list(specs) == ['baseline', 'chain γ=1', 'tree 2+1', 'tree auto 3+2']
+  assert specs['tree auto 3+2']['params']['branching'] == (3,) and specs['tree auto 3+2']['width'] == 10
+  records = [{'seconds': dict.fromkeys(specs, 1.0), 'target_calls': dict.fromkeys(specs, 4),
+              'emitted': dict.fromkeys(specs, 8), 'identical': dict.fromkeys(specs, True)}]
+  curve = {'tokens': list(range(1, 17)), 'ratio': [1.0 + 0.1 * k for k in range(16)]}
+  summary = compare_trees.summarize(specs, records, curve, [0.5, 0.2], 0.1)
+  assert summary['chain γ=1']['predicted_tokens_per_call'] == pytest.approx(1.5)
+  assert summary['chain γ=1']['predicted_speedup'] == pytest.approx(1.5 / (0.1 + 1.1))
+  # 2+1: 1 + (0.5 + 0.2) + (0.25 + 0.1) = 2.05 tokens; depth 2, 5 nodes.
+  assert summary['tree 2+1']['predicted_speedup'] == pytest.approx(2.05 / (0.2 + 1.4))
+  calibration = {'examples': 32, 'positions': 400, 'rank_probs': [0.5, 0.2], 'c': 0.1, 'best_tree': [[3], 2],
+                 'best_tree_speedup': 1.2}
+  text = compare_trees.markdown(summary, args, 'header', 1, greedy=True, calibration=calibration)
+  assert 'choice with probabilities 0.500, 0.200; c (isolated) = 0.100; `draft_tree.best_tree` picks 3+2' in text

@@ -15,6 +15,7 @@ import pytest
 
 from specdec import draft_tree
 from specdec import sampling
+from specdec import theory
 from tests import toy
 
 SHAPES = [((3, 2), 1), ((2,), 2), ((), 4), ((1, 3), 0), ((4,), 0)]
@@ -697,3 +698,65 @@ def test_parse_tree_and_its_name(spec, want):
 def test_parse_tree_refuses_what_is_not_a_tree(spec):
   with pytest.raises(ValueError):
     draft_tree.parse_tree(spec)
+
+
+# ---------------------------------------------------------------------------
+# Expected tokens of a tree, and the tree for a machine
+# ---------------------------------------------------------------------------
+
+
+def _brute_force_tokens(shape, rank_probs):
+  """E[tokens] by enumerating the target's rank at every depth (or a miss), walking the tree each time."""
+  ranks = list(range(len(rank_probs))) + [None]
+  probs = list(rank_probs) + [1 - sum(rank_probs)]
+  total = 0.0
+  for outcome in itertools.product(range(len(ranks)), repeat=shape.max_depth):
+    weight, node, tokens = float(np.prod([probs[o] for o in outcome])), 0, 1
+    for o in outcome:
+      kids = [int(c) for c in shape.children[node] if c >= 0]
+      if ranks[o] is None or ranks[o] >= len(kids):
+        break
+      node, tokens = kids[ranks[o]], tokens + 1
+    total += weight * tokens
+  return total
+
+
+@pytest.mark.parametrize('branching, chain', [((), 4), ((2,), 2), ((3, 2), 1), ((2, 2, 2), 0), ((4,), 0)])
+def test_expected_tree_tokens_equals_the_enumerated_walk(branching, chain):
+  shape = draft_tree.static_tree(branching, chain)
+  rank_probs = [0.55, 0.2, 0.08]
+  assert draft_tree.expected_tree_tokens(shape, rank_probs) == pytest.approx(_brute_force_tokens(shape, rank_probs))
+
+
+@pytest.mark.parametrize('alpha, gamma', [(0.3, 1), (0.6, 3), (0.9, 7)])
+def test_a_chains_expected_tokens_and_speedup_are_the_papers(alpha, gamma):
+  shape = draft_tree.static_tree((), gamma)
+  assert draft_tree.expected_tree_tokens(shape, [alpha, (1 - alpha) / 2]) == pytest.approx(
+      theory.expected_tokens(alpha, gamma))
+  curve = {k: 1.0 + 0.07 * (k - 1) for k in range(1, 10)}
+  best_gamma, best_speedup = theory.best_gamma(alpha, 0.1, curve)
+  assert draft_tree.tree_speedup(draft_tree.static_tree((), best_gamma), [alpha], 0.1, curve) == pytest.approx(
+      best_speedup)
+
+
+def test_the_best_tree_follows_the_machine():
+  rank_probs = [0.6, 0.15, 0.06]
+  flat = {k: 1.0 for k in range(1, 17)}  # an accelerator: width is free
+  steep = {k: 1.0 + 0.3 * (k - 1) for k in range(1, 17)}  # a CPU whose wide calls cost
+  branching, chain, speedup = draft_tree.best_tree(rank_probs, 0.05, flat)
+  assert branching and speedup > draft_tree.tree_speedup(draft_tree.static_tree((), 4), rank_probs, 0.05, flat)
+  branching, chain, _ = draft_tree.best_tree(rank_probs, 0.05, steep)
+  assert branching == () and chain <= 2
+  for b, ch in draft_tree.candidate_trees(16):
+    assert draft_tree.static_tree(b, ch).num_nodes <= 16
+  assert len(set(draft_tree.candidate_trees(16))) == len(draft_tree.candidate_trees(16))
+
+
+def test_tree_theory_refuses_bad_inputs():
+  shape = draft_tree.static_tree((2,), 1)
+  with pytest.raises(ValueError, match='rank_probs'):
+    draft_tree.expected_tree_tokens(shape, [0.7, 0.5])
+  with pytest.raises(ValueError, match='no r\\(5\\)'):
+    draft_tree.tree_speedup(shape, [0.5], 0.1, {1: 1.0, 2: 1.1})
+  with pytest.raises(ValueError, match='no width >= 2'):
+    draft_tree.best_tree([0.5], 0.1, {1: 1.0})

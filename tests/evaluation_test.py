@@ -344,3 +344,28 @@ def test_token_loss_is_the_mean_teacher_forced_cross_entropy():
   with pytest.raises(ValueError, match='no target tokens'):
     evaluation.token_loss(module, params, [{'inputs': np.asarray([3]), 'targets': np.asarray([], np.int32)}],
                           lengths)
+
+
+def test_draft_rank_probabilities_rank_the_targets_greedy_tokens_in_the_drafters_logits():
+  import jax  # pylint: disable=g-import-not-at-top
+  from specdec import network  # pylint: disable=g-import-not-at-top
+  vocab = 48
+  config = network.t5_1_1_config('tiny', vocab_size=vocab)
+  module, params = network.Transformer(config), network.init_params(config, jax.random.PRNGKey(5))
+  rng = np.random.RandomState(1)
+  examples = [{'inputs': rng.randint(2, vocab, size=rng.randint(3, 8))} for _ in range(5)]
+  lengths = {'inputs': 8, 'targets': 12}
+  same = evaluation.draft_rank_probabilities(module, params, module, params, examples, lengths, max_rank=3,
+                                             batch_size=2)
+  assert same['rank_probs'] == [1.0, 0.0, 0.0] and 5 <= same['positions'] <= 5 * 12
+  # The same network with its logits negated ranks every greedy token last: never within the first 3.
+  flipped = jax.tree_util.tree_map(lambda x: x, params)
+  flipped['decoder']['logits_dense']['kernel'] = -params['decoder']['logits_dense']['kernel']
+  last = evaluation.draft_rank_probabilities(module, params, module, flipped, examples, lengths, max_rank=3,
+                                             batch_size=2)
+  assert last['rank_probs'] == [0.0, 0.0, 0.0] and last['positions'] == same['positions']
+  other = evaluation.draft_rank_probabilities(module, params, module, network.init_params(
+      config, jax.random.PRNGKey(6)), examples, lengths, max_rank=3, batch_size=2)
+  assert 0 < sum(other['rank_probs']) <= 1
+  with pytest.raises(ValueError, match='max_rank'):
+    evaluation.draft_rank_probabilities(module, params, module, params, examples, lengths, max_rank=0)
