@@ -1,7 +1,9 @@
-"""Draft trees against chains on this machine: one T5 drafter, the same examples, every decoder interleaved.
+"""Draft trees against chains on this machine: one drafter, the same examples, every decoder interleaved.
 
-  python scripts/compare_trees.py --target models/cpu_v2/target --drafter models/cpu_v2/d1kd \
-      --chains 1 2 3 4 --trees 2+1 2+2 3+1 2x2+1 --examples 24 --out results/trees/v2_d1kd_ende_t0
+  python scripts/compare_trees.py --target models/cpu_v2/target --drafter models/cpu_v2/f128 \
+      --chains 1 2 3 4 --trees 2+1 2+2 3+1 2x2+1 --examples 24 --out results/trees/v2_f128_ende_t0
+
+The drafter is a T5 network or a feature head (with its draft vocabulary).
 
 The first --examples examples of the task's split, batch 1, inputs padded to one length (one compiled program per
 decoder; compile time excluded by a warm-up). Per example, every decoder (the baseline, `speculative_sample` at each
@@ -33,6 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from specdec import benchmark  # pylint: disable=g-import-not-at-top,wrong-import-position
 from specdec import decoding
 from specdec import draft_tree
+from specdec import drafters
 from specdec import evaluation
 from specdec import fileio
 from specdec import loading
@@ -51,7 +54,7 @@ TASKS = {'ende': tasks.ENDE_LOCAL_TASK, 'summarize': tasks.SUMMARIZE_LOCAL_TASK}
 def parse_args(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--target', required=True)
-  parser.add_argument('--drafter', required=True, help='a T5 drafter (trees need a network drafter)')
+  parser.add_argument('--drafter', required=True, help='a T5 drafter or a feature head (n-gram tables do not draft trees)')
   parser.add_argument('--task', choices=sorted(TASKS), default='ende')
   parser.add_argument('--split', default='validation')
   parser.add_argument('--examples', type=int, default=24)
@@ -182,9 +185,10 @@ def main(argv=None):
   header = (f"`{command}` · {datetime.datetime.now().isoformat(timespec='seconds')} · {machine['processor']}, "
             f"{machine['cpu_count']} CPUs, jax {machine['jax']}")
   target_module, target_params = loading.load_module_and_params(args.target)
-  drafter_module, drafter_params = loading.load_module_and_params(args.drafter)
-  if not isinstance(drafter_module, network.Transformer):
-    raise SystemExit(f'--drafter {args.drafter} is not a T5 network; trees are drafted by network drafters.')
+  drafter_module, drafter_params, vocab_ids = loading.load_drafter(args.drafter, target_params)
+  is_head = drafters.kind_of(drafter_module).reads_features
+  if not is_head and not isinstance(drafter_module, network.Transformer):
+    raise SystemExit(f'--drafter {args.drafter} is neither a T5 network nor a feature head: it drafts no trees.')
   all_examples = evaluation.task_examples(TASKS[args.task], args.split, LENGTHS,
                                          args.examples + args.calibration_examples)
   examples, held = all_examples[:args.examples], all_examples[args.examples:]
@@ -194,10 +198,15 @@ def main(argv=None):
   max_rank = max([4] + [max(b) for b, _ in args.tree_shapes.values() if b])
   print(f'calibrating on {len(held)} examples: ranks, c, the verify-cost curve', flush=True)
   calibration = evaluation.draft_rank_probabilities(target_module, target_params, drafter_module, drafter_params,
-                                                    held, LENGTHS, max_rank=max_rank)
+                                                    held, LENGTHS, max_rank=max_rank, draft_vocab_ids=vocab_ids)
   enc = batches[0]['encoder_input_tokens']
-  calibration['c'] = (profiling.time_decode_calls(drafter_module, drafter_params, enc, LENGTHS['targets'], 1) /
-                      profiling.time_decode_calls(target_module, target_params, enc, LENGTHS['targets'], 1))
+  if is_head:
+    draft_s = profiling.time_head_calls(target_module, target_params, drafter_module, drafter_params, enc,
+                                        LENGTHS['targets'], draft_vocab_ids=vocab_ids)
+  else:
+    draft_s = profiling.time_decode_calls(drafter_module, drafter_params, enc, LENGTHS['targets'], 1,
+                                          vocab_ids=vocab_ids)
+  calibration['c'] = draft_s / profiling.time_decode_calls(target_module, target_params, enc, LENGTHS['targets'], 1)
   widest = max([16] + [g + 1 for g in args.chains] +
                [draft_tree.static_tree(*shape).num_nodes for shape in args.tree_shapes.values()])
   curve = profiling.verify_cost_curve(target_module, target_params, enc, LENGTHS['targets'], widest)
@@ -210,10 +219,14 @@ def main(argv=None):
   for name, spec in specs.items():
     decode_fn = {'baseline': decoding.temperature_sample, 'chain': decoding.speculative_sample,
                  'tree': tree_decoding.tree_speculative_sample}[spec['kind']]
-    model = models.SpeculativeEncoderDecoderModel(target_module, None if spec['kind'] == 'baseline' else
-                                                  drafter_module, decode_fn=decode_fn)
-    predict[name] = functools.partial(model.compile_predict(spec['params']),
-                                      {'target': target_params} if spec['kind'] == 'baseline' else params)
+    if spec['kind'] == 'baseline':
+      model = models.SpeculativeEncoderDecoderModel(target_module, None, decode_fn=decode_fn)
+      call_params = {'target': target_params}
+    else:
+      model = models.SpeculativeEncoderDecoderModel(target_module, drafter_module, decode_fn=decode_fn,
+                                                    draft_vocab_ids=vocab_ids)
+      call_params = model.with_draft_projection(params)  # prepared once, as a benchmark does
+    predict[name] = functools.partial(model.compile_predict(spec['params']), call_params)
   print(f'compiling {len(predict)} decoders', flush=True)
   for fn in predict.values():  # compile time is not measured
     jax.block_until_ready(fn(batches[0], jax.random.PRNGKey(args.seed)))

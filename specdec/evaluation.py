@@ -9,7 +9,10 @@ import numpy as np
 import seqio
 
 from specdec import decoding
+from specdec import drafters
+from specdec import feature_drafter
 from specdec import models
+from specdec import network
 
 PredictFn = Callable[..., Tuple[Any, Mapping[str, Any]]]
 
@@ -134,24 +137,43 @@ def target_confidence(module, params, examples: List[Mapping[str, Any]], feature
 
 def draft_rank_probabilities(target_module, target_params, drafter_module, drafter_params,
                              examples: List[Mapping[str, Any]], feature_lengths: Mapping[str, int],
-                             max_rank: int = 4, batch_size: int = 32, eos_id: int = 1) -> Dict[str, Any]:
-  """How often the target's greedy token is a T5 drafter's r-th choice: what a draft tree's siblings can catch.
+                             max_rank: int = 4, batch_size: int = 32, eos_id: int = 1,
+                             draft_vocab_ids: Optional[np.ndarray] = None) -> Dict[str, Any]:
+  """How often the target's greedy token is a drafter's r-th choice: what a draft tree's siblings can catch.
 
-  Each input is decoded greedily by the target; the decode is teacher-forced through the drafter, and at every
-  generated position (up to and including EOS) the rank of the target's token among the drafter's logits is
-  counted. Returns {'rank_probs': [P(rank 1), .., P(rank max_rank)], 'positions': n}; rank_probs[0] is the
-  drafter's greedy acceptance rate α (`draft_tree.expected_tree_tokens` reads the list).
+  Each input is decoded greedily by the target; the decode is teacher-forced through the drafter (a T5
+  network; or a feature head reading the target's true features, its first draft's view: deeper drafts read
+  its own predictions and do worse), and at every generated position (up to and including EOS) the rank of
+  the target's token among the drafter's logits (over `draft_vocab_ids` when given; a token outside them is
+  never ranked) is counted. Returns {'rank_probs': [P(rank 1), .., P(rank max_rank)], 'positions': n};
+  rank_probs[0] is the drafter's greedy acceptance rate α (`draft_tree.expected_tree_tokens` reads the list).
   """
   if max_rank < 1:
     raise ValueError(f'max_rank must be >= 1, got {max_rank!r}.')
   baseline = models.SpeculativeEncoderDecoderModel(target_module, None, decode_fn=decoding.temperature_sample)
   predict = baseline.compile_predict({'temperature': 0.0})
+  ids = None if draft_vocab_ids is None else jnp.asarray(draft_vocab_ids, jnp.int32)
+  vocab_size = target_module.config.vocab_size
+
+  def drafter_logits(params, encoder_input_tokens, decoder_input_tokens, valid_bl):
+    if not drafters.kind_of(drafter_module).reads_features:
+      logits = drafter_module.apply({'params': params}, encoder_input_tokens, decoder_input_tokens, valid_bl,
+                                    enable_dropout=False)
+      return logits if ids is None else feature_drafter.widen_logits(logits[..., ids], ids, vocab_size)
+    batch = {'encoder_input_tokens': encoder_input_tokens, 'decoder_input_tokens': decoder_input_tokens,
+             'decoder_target_tokens': valid_bl}
+    encoded, _, features = feature_drafter.target_features(target_module, target_params, batch)
+    embedded = target_module.apply({'params': target_params}, decoder_input_tokens, method=target_module.embed)
+    cross_mask = network._pairwise_mask(valid_bl > 0, encoder_input_tokens > 0)  # pylint: disable=protected-access
+    predicted = drafter_module.apply({'params': params}, feature_drafter.shift_features_right(features), embedded,
+                                     encoded, valid_bl > 0, cross_mask, 1, method=drafter_module.unrolled)[0]
+    logits = target_module.apply({'params': target_params}, predicted, ids, method=target_module.project)
+    return logits if ids is None else feature_drafter.widen_logits(logits, ids, vocab_size)
 
   @jax.jit
   def ranks(params, encoder_input_tokens, decodes_bl, valid_bl):
     decoder_input_tokens = jnp.pad(decodes_bl, ((0, 0), (1, 0)))[:, :-1]
-    logits = drafter_module.apply({'params': params}, encoder_input_tokens, decoder_input_tokens, valid_bl,
-                                  enable_dropout=False).astype(jnp.float32)
+    logits = drafter_logits(params, encoder_input_tokens, decoder_input_tokens, valid_bl).astype(jnp.float32)
     token_logit_bl = jnp.take_along_axis(logits, decodes_bl[..., None], axis=-1)
     # Rank 0 when no token scores higher (ties go to the token: the drafter's top-k takes the lower id first
     # only among equals, which float logits of different tokens almost never are).

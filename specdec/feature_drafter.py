@@ -282,28 +282,36 @@ class FeatureHead(nn.Module):
       layer.init_cache(encoded_bse, max_decode_length)
 
   def decode_step(self, features_bke: Array, embedded_bke: Array, positions_b: Array,
-                  return_normed: bool = False):
+                  return_normed: bool = False, layout=None):
     """k entries a row through the cache at positions_b + j: predicted features [B, k, E].
 
     With `return_normed`: (predicted features, the normed hidden state [B, k, W]
     they are a linear map of), for logits through a folded kernel
-    (`logits_kernel`).
+    (`logits_kernel`). With a `layout` (a draft tree's nodes,
+    `draft_tree.tree_layout`) the entries sit where it says, as in
+    `network.Transformer.decode_step`.
     """
-    normed = self._decode_normed(features_bke, embedded_bke, positions_b)
+    normed = self._decode_normed(features_bke, embedded_bke, positions_b, layout)
     predicted = self.unfuse(normed)
     return (predicted, normed) if return_normed else predicted
 
-  def _decode_normed(self, features_bke: Array, embedded_bke: Array, positions_b: Array) -> Array:
+  def _decode_normed(self, features_bke: Array, embedded_bke: Array, positions_b: Array,
+                     layout=None) -> Array:
     if not self.config.attention:
-      return self._mlp_normed(features_bke, embedded_bke)
-    offsets_k = jnp.arange(features_bke.shape[1], dtype=jnp.int32)
-    positions_bk = positions_b.astype(jnp.int32)[:, None] + offsets_k[None]
+      return self._mlp_normed(features_bke, embedded_bke)  # every entry on its own: no layout to keep
     length = self.layers[0].self_attention.cache_length()
-    bias_bhkl = self.relpos_bias(positions_bk, jnp.arange(length, dtype=jnp.int32)[None])
+    if layout is None:
+      offsets_k = jnp.arange(features_bke.shape[1], dtype=jnp.int32)
+      positions_bk = positions_b.astype(jnp.int32)[:, None] + offsets_k[None]
+      key_positions_bl = jnp.arange(length, dtype=jnp.int32)[None]
+    else:
+      layout.check(features_bke.shape[:2], length)
+      positions_bk, key_positions_bl = layout.positions_bk, layout.key_positions_bl
+    bias_bhkl = self.relpos_bias(positions_bk, key_positions_bl)
     cross_mask_b11s = self.get_variable('cache', 'encoder_mask')[:, None, None, :]
     y = self._fused(features_bke, embedded_bke)
     for layer in self.layers:
-      y = layer.decode_step(y, positions_bk, bias_bhkl, cross_mask_b11s, True)
+      y = layer.decode_step(y, positions_bk, bias_bhkl, cross_mask_b11s, True, layout)
     return self.head_norm(y)
 
 
@@ -504,9 +512,10 @@ def decoder_fns(target_module: network.Transformer, target_params: PyTree,
                        f'and draft vocabulary need {want} (head width, draft vocabulary size).')
 
   def target_fn(state: decoding.DecodingState):
+    layout = {} if state.layout is None else {'layout': state.layout}  # a draft tree's nodes
     (logits, features), new_vars = target_module.apply(
         {'params': target_params, 'cache': state.cache}, state.cur_token, state.cur_index,
-        return_features=True, method=target_module.decode_step, mutable=['cache'])
+        return_features=True, method=target_module.decode_step, mutable=['cache'], **layout)
     return logits, features, constrain(new_vars['cache'])
 
   def draft_fn(state: decoding.DecodingState, features_bke: Array):
@@ -514,7 +523,7 @@ def decoder_fns(target_module: network.Transformer, target_params: PyTree,
                                    method=target_module.embed)
     (predicted, normed), new_vars = head.apply(
         {'params': head_params, 'cache': state.cache}, features_bke, embedded,
-        state.cur_index, True, method=head.decode_step, mutable=['cache'])
+        state.cur_index, True, state.layout, method=head.decode_step, mutable=['cache'])
     if logits_kernel_wk is not None:
       logits = network.project_rows(normed, logits_kernel_wk)
     elif ids is None:

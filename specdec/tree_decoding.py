@@ -17,8 +17,8 @@ Each round, from the last committed token x_i (the root, node 0):
 A node whose cache slot i + j lies past the cache is never accepted (its key could not be written), so near the
 end of a sequence the tree is cut, never wrong.
 
-The drafter must be a network that takes a `SlotLayout` in its decode step (a T5 drafter: `drafters.kind_of(
-module).drafts_trees(module)`). A chain is the tree `static_tree((), γ)`; the tree decode then keeps the chain's
+The drafter must take a `SlotLayout` in its decode step: a T5 network, or a feature head (EAGLE's setting, where
+trees came from: each node drafted from its parent's predicted feature, `draft_reads_features=True`). A chain is the tree `static_tree((), γ)`; the tree decode then keeps the chain's
 outputs (greedy: token for token). Decoder prompts are not taken (a row's given tokens would have to be forced
 through the tree): `inputs` must be zero past BOS.
 """
@@ -60,6 +60,9 @@ class TreeLoopState:
     log_prob: [B] log-probability of the generated tokens under adjusted p.
     stats: per-row counters, {} unless requested: `target_calls`, `accepted` (drafts kept), `emitted`,
       `accepted_at` [B, D] (how often a draft was kept at depth d+1).
+    draft_features: [B, D+1, E] feature drafting only (else None): the target's features of positions
+      feature_start .. feature_start+D along the last round's accepted path (zeros before the first round).
+    feature_start: [B] feature drafting only: the last round's root position (-1 before the first).
   """
   cur_index: jax.Array
   sequences: jax.Array
@@ -71,6 +74,8 @@ class TreeLoopState:
   rng: jax.Array
   log_prob: jax.Array
   stats: Mapping[str, jax.Array]
+  draft_features: Optional[jax.Array] = None
+  feature_start: Optional[jax.Array] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +101,7 @@ class TreeSpec:
   rule: str = 'without_replacement'
   rescale_log_probs: bool = True
   return_stats: bool = False
+  draft_reads_features: bool = False
   fast_greedy: bool = dataclasses.field(init=False)
 
   def __post_init__(self):
@@ -166,14 +172,31 @@ def draft_phase(spec: TreeSpec, state: TreeLoopState, rng: Optional[jax.Array]) 
   shape, levels = spec.shape, spec.levels
   i_b = state.cur_index
   rows, n = i_b.shape[0], shape.num_nodes
-  # Catch-up on [x_{i-1}, x_i]: position i-1 may be the last round's leaf, which no level call fed.
-  start_b = jnp.maximum(i_b - 1, 0)
-  window_b2 = jnp.take_along_axis(state.sequences, start_b[:, None] + jnp.arange(2), axis=1)
-  logits_b2v, cache = spec.draft_tokens_to_logits(decoding.DecodingState(
-      cur_index=start_b, sequences=state.sequences, cur_token=window_b2, cache=state.draft_cache))
+  node_features = {}
+  if spec.draft_reads_features:
+    # A feature head re-reads the last round's accepted path with the target's true features: entries
+    # s+1 .. s+D+1 (s the last root), each token with the feature of the position before it; the entry at i
+    # (offset i-s-1 <= D) is the root's. Entries past i are stale and rewritten by the level calls before any
+    # node reads them.
+    depth = shape.max_depth
+    start_b = state.feature_start + 1
+    window_bk = jnp.take_along_axis(state.sequences, start_b[:, None] + jnp.arange(depth + 1), axis=1)
+    logits_bkv, features_bke, cache = spec.draft_tokens_to_logits(decoding.DecodingState(
+        cur_index=start_b, sequences=state.sequences, cur_token=window_bk, cache=state.draft_cache),
+        state.draft_features)
+    at_b11 = jnp.clip(i_b - start_b, 0, depth)[:, None, None]
+    node_features[0] = jnp.take_along_axis(features_bke, at_b11, axis=1)[:, 0].astype(state.draft_features.dtype)
+  else:
+    # Catch-up on [x_{i-1}, x_i]: position i-1 may be the last round's leaf, which no level call fed.
+    start_b = jnp.maximum(i_b - 1, 0)
+    window_bk = jnp.take_along_axis(state.sequences, start_b[:, None] + jnp.arange(2), axis=1)
+    logits_bkv, cache = spec.draft_tokens_to_logits(decoding.DecodingState(
+        cur_index=start_b, sequences=state.sequences, cur_token=window_bk, cache=state.draft_cache))
+    at_b11 = (i_b - start_b)[:, None, None]
   cache = decoding._freeze_like(cache, state.draft_cache)  # pylint: disable=protected-access
-  node_logits = {0: jnp.take_along_axis(logits_b2v, (i_b - start_b)[:, None, None], axis=1)[:, 0]}
-  tokens_bn = jnp.zeros((rows, n), jnp.int32).at[:, 0].set(window_b2[jnp.arange(rows), i_b - start_b])
+  node_logits = {0: jnp.take_along_axis(logits_bkv, at_b11, axis=1)[:, 0]}
+  root_b = jnp.take_along_axis(state.sequences, i_b[:, None], axis=1)[:, 0]
+  tokens_bn = jnp.zeros((rows, n), jnp.int32).at[:, 0].set(root_b)
   slots_fit_bn = i_b[:, None] + jnp.arange(n)[None] < min(spec.target_length, spec.draft_length)
   valid_bn = slots_fit_bn
   logq = {}
@@ -192,9 +215,15 @@ def draft_phase(spec: TreeSpec, state: TreeLoopState, rng: Optional[jax.Array]) 
     if d < len(levels) - 1:  # the deepest level's q is never needed
       level = levels[d]
       layout = draft_tree.tree_layout(shape, i_b, spec.draft_length, level)
-      logits_bmv, cache = spec.draft_tokens_to_logits(decoding.DecodingState(
-          cur_index=i_b, sequences=state.sequences, cur_token=tokens_bn[:, list(level)], cache=cache,
-          layout=layout))
+      call_state = decoding.DecodingState(cur_index=i_b, sequences=state.sequences,
+                                          cur_token=tokens_bn[:, list(level)], cache=cache, layout=layout)
+      if spec.draft_reads_features:  # each node with its parent's predicted feature
+        parents_bme = jnp.stack([node_features[int(shape.parent[node])] for node in level], axis=1)
+        logits_bmv, predicted_bme, cache = spec.draft_tokens_to_logits(call_state, parents_bme)
+        for m, node in enumerate(level):
+          node_features[node] = predicted_bme[:, m].astype(parents_bme.dtype)
+      else:
+        logits_bmv, cache = spec.draft_tokens_to_logits(call_state)
       cache = decoding._freeze_like(cache, state.draft_cache)  # pylint: disable=protected-access
       for m, node in enumerate(level):
         node_logits[node] = logits_bmv[:, m]
@@ -206,13 +235,20 @@ def draft_phase(spec: TreeSpec, state: TreeLoopState, rng: Optional[jax.Array]) 
   return TreeDrafts(tokens_bn=tokens_bn, valid_bn=valid_bn, logq_bnv=logq_bnv, cache=cache)
 
 
-def verify_phase(spec: TreeSpec, state: TreeLoopState, drafts: TreeDrafts) -> Tuple[jax.Array, PyTree]:
-  """ONE target call over every node of the tree: (logits [B, n, V], its cache)."""
+def verify_phase(spec: TreeSpec, state: TreeLoopState, drafts: TreeDrafts
+                 ) -> Tuple[jax.Array, PyTree, Optional[jax.Array]]:
+  """ONE target call over every node of the tree: (logits [B, n, V], its cache, its features [B, n, E] with
+  feature drafting, else None)."""
   layout = draft_tree.tree_layout(spec.shape, state.cur_index, spec.target_length)
-  logits_bnv, cache = spec.tokens_to_logits(decoding.DecodingState(
-      cur_index=state.cur_index, sequences=state.sequences, cur_token=drafts.tokens_bn,
-      cache=state.target_cache, layout=layout))
-  return logits_bnv, decoding._freeze_like(cache, state.target_cache)  # pylint: disable=protected-access
+  call_state = decoding.DecodingState(cur_index=state.cur_index, sequences=state.sequences,
+                                      cur_token=drafts.tokens_bn, cache=state.target_cache, layout=layout)
+  features_bne = None
+  if spec.draft_reads_features:
+    logits_bnv, features_bne, cache = spec.tokens_to_logits(call_state)
+    features_bne = features_bne.astype(state.draft_features.dtype)
+  else:
+    logits_bnv, cache = spec.tokens_to_logits(call_state)
+  return logits_bnv, decoding._freeze_like(cache, state.target_cache), features_bne  # pylint: disable=protected-access
 
 
 def accept_phase(spec: TreeSpec, drafts: TreeDrafts, logits_bnv: jax.Array, rng: Optional[jax.Array]
@@ -228,7 +264,8 @@ def accept_phase(spec: TreeSpec, drafts: TreeDrafts, logits_bnv: jax.Array, rng:
 
 def commit_phase(spec: TreeSpec, state: TreeLoopState, drafts: TreeDrafts, verdict: draft_tree.TreeVerdict,
                  logits_bnv: jax.Array, logp_bnv: Optional[jax.Array], target_cache: PyTree, rng: jax.Array,
-                 cache_offset: int, draft_cache_offset: int) -> TreeLoopState:
+                 cache_offset: int, draft_cache_offset: int,
+                 target_features_bne: Optional[jax.Array] = None) -> TreeLoopState:
   """Writes the accepted path and the next token, moves the path's keys/values to their positions, advances."""
   depth = spec.shape.max_depth
   i_b, n_b = state.cur_index, verdict.num_accepted_b
@@ -264,6 +301,11 @@ def commit_phase(spec: TreeSpec, state: TreeLoopState, drafts: TreeDrafts, verdi
   hit_eos_b = jnp.any(is_eos_bk & write_bk, axis=1)
   new_i_b = jnp.where(active_b, jnp.minimum(i_b + n_b + 1, state.max_len_b), i_b)
   ended = state.ended | hit_eos_b | (new_i_b >= state.max_len_b)
+  features = {}
+  if spec.draft_reads_features:  # the target's features along the root and the accepted path
+    nodes_bk = jnp.maximum(jnp.concatenate([jnp.zeros_like(n_b)[:, None], verdict.path_bd], axis=1), 0)
+    features = dict(draft_features=jnp.take_along_axis(target_features_bne, nodes_bk[:, :, None], axis=1),
+                    feature_start=i_b)
   stats = state.stats
   if spec.return_stats:
     kept_bd = write_bk[:, :depth] & (steps_k[:depth] < n_b[:, None])
@@ -273,7 +315,7 @@ def commit_phase(spec: TreeSpec, state: TreeLoopState, drafts: TreeDrafts, verdi
                  accepted_at=stats['accepted_at'] + kept_bd)
   return state.replace(cur_index=new_i_b, sequences=sequences, target_cache=target_cache,
                        draft_cache=draft_cache, ended=ended, generated=generated, rng=rng,
-                       log_prob=log_prob, stats=stats)
+                       log_prob=log_prob, stats=stats, **features)
 
 
 def tree_step(spec: TreeSpec, cache_offset: int, draft_cache_offset: int, state: TreeLoopState) -> TreeLoopState:
@@ -285,31 +327,33 @@ def tree_step(spec: TreeSpec, cache_offset: int, draft_cache_offset: int, state:
   with jax.named_scope('draft_phase'):
     drafts = draft_phase(spec, state, draft_rng)
   with jax.named_scope('verify_phase'):
-    logits_bnv, target_cache = verify_phase(spec, state, drafts)
+    logits_bnv, target_cache, features_bne = verify_phase(spec, state, drafts)
   with jax.named_scope('accept_phase'):
     verdict, logp_bnv = accept_phase(spec, drafts, logits_bnv, accept_rng)
   with jax.named_scope('commit_phase'):
     return commit_phase(spec, state, drafts, verdict, logits_bnv, logp_bnv, target_cache,
-                        state.rng if rng is None else rng, cache_offset, draft_cache_offset)
+                        state.rng if rng is None else rng, cache_offset, draft_cache_offset, features_bne)
 
 
 def _check_takes_layout(tokens_to_logits, cache, shape: draft_tree.TreeShape, sequences_shape, length: int,
-                        name: str) -> None:
-  """Abstractly evaluates one call over the whole tree (no cost); ValueError naming the model if it fails."""
+                        name: str, features_in: Optional[jax.ShapeDtypeStruct] = None) -> None:
+  """Abstractly evaluates one call over the whole tree (no cost); ValueError naming the model if it fails.
+  `features_in` [B, n, E]: the call's second argument (a feature head)."""
   rows = sequences_shape[0]
   cur_b = jax.ShapeDtypeStruct((rows,), jnp.int32)
 
-  def call(cur_index, sequences, tokens_bn, cache):
+  def call(cur_index, sequences, tokens_bn, cache, *features):
     layout = draft_tree.tree_layout(shape, cur_index, length)
     return tokens_to_logits(decoding.DecodingState(cur_index=cur_index, sequences=sequences, cur_token=tokens_bn,
-                                                   cache=cache, layout=layout))
+                                                   cache=cache, layout=layout), *features)
   try:
     jax.eval_shape(call, cur_b, jax.ShapeDtypeStruct(sequences_shape, jnp.int32),
                    jax.ShapeDtypeStruct((rows, shape.num_nodes), jnp.int32),
-                   jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)), cache))
+                   jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)), cache),
+                   *(() if features_in is None else (features_in,)))
   except Exception as e:  # pylint: disable=broad-except
-    raise ValueError(f"{name} does not decode a draft tree's nodes (a DecodingState with a layout; a T5 network "
-                     f'does, n-gram tables and feature heads do not yet): {e}') from e
+    raise ValueError(f"{name} does not decode a draft tree's nodes (a DecodingState with a layout; T5 networks "
+                     f'and feature heads do, n-gram tables do not yet): {e}') from e
 
 
 def _check_tree_settings(branching, chain, rule, inputs) -> draft_tree.TreeShape:
@@ -354,16 +398,15 @@ def tree_speculative_sample(
       of drafter calls a round; its size n the width of the verify call.
     rule: how siblings are drawn at temperature > 0 (`draft_tree.RULES`); at temperature 0 a node's children
       are the drafter's top-k.
-    draft_reads_features: not supported (a feature head does not draft trees yet); True raises.
+    draft_reads_features: the drafter is a feature head (`decoding.speculative_sample`'s feature-drafting
+      contract, its calls taking a layout): each node is drafted from its parent's predicted feature, and the
+      next round's catch-up re-reads the accepted path with the target's true features.
   No `gamma`, `lenience` or `draft_confidence`. `inputs` must hold no decoder prompt.
 
   Greedy outputs equal `decoding.temperature_sample`'s token for token; sampled outputs have its distribution.
   Returns a `decoding.SpeculativeOutput`; with `return_stats`, per-row `target_calls`, `accepted`, `emitted`
   and `accepted_at` [B, nd, D].
   """
-  if draft_reads_features:
-    raise ValueError('tree_speculative_sample drafts with an independent drafter (a T5 network); a feature head '
-                     'does not draft trees yet.')
   shape = _check_tree_settings(branching, chain, rule, inputs)
   decoding.validate_decode_args(inputs, eos_id, num_decodes, temperature, topk, topp, max_decode_steps,
                                 1.0, gamma=shape.max_depth)
@@ -373,8 +416,9 @@ def tree_speculative_sample(
     decode_rng = jax.random.PRNGKey(0)
   if max_decode_steps_hard_limit and max_decode_steps is not None:
     max_decode_steps = jnp.minimum(max_decode_steps, max_decode_steps_hard_limit)
-  decoding._check_models(inputs, shape.num_nodes - 1, cache, cache_offset, tokens_to_logits,  # pylint: disable=protected-access
-                         draft_cache, draft_cache_offset, draft_tokens_to_logits)
+  features = decoding._check_models(  # pylint: disable=protected-access
+      inputs, shape.num_nodes - 1, cache, cache_offset, tokens_to_logits, draft_cache, draft_cache_offset,
+      draft_tokens_to_logits, bool(draft_reads_features))
   target_length = _cache_length(cache, cache_offset)
   draft_length = _cache_length(draft_cache, draft_cache_offset)
   if target_length is None or draft_length is None:
@@ -384,11 +428,12 @@ def tree_speculative_sample(
   buffer_shape = (batch_size, length + shape.max_depth + 2)
   _check_takes_layout(tokens_to_logits, cache, shape, buffer_shape, target_length, 'tokens_to_logits')
   _check_takes_layout(draft_tokens_to_logits, draft_cache, shape, buffer_shape, draft_length,
-                      'draft_tokens_to_logits')
+                      'draft_tokens_to_logits', features)
   spec = TreeSpec(shape=shape, eos_id=int(eos_id), tokens_to_logits=tokens_to_logits,
                   draft_tokens_to_logits=draft_tokens_to_logits, target_length=target_length,
                   draft_length=draft_length, temperature=temperature, topk=topk, topp=topp, rule=rule,
-                  rescale_log_probs=rescale_log_probs, return_stats=return_stats)
+                  rescale_log_probs=rescale_log_probs, return_stats=return_stats,
+                  draft_reads_features=bool(draft_reads_features))
   inputs_x = decoding._expand(inputs, num_decodes).astype(jnp.int32)  # pylint: disable=protected-access
   rows = inputs_x.shape[0]
   sequences0 = jnp.pad(inputs_x, ((0, 0), (0, shape.max_depth + 2))).at[:, 0].set(0)
@@ -402,6 +447,10 @@ def tree_speculative_sample(
       draft_cache=decoding.expand_cache(draft_cache, num_decodes, draft_cache_offset),
       ended=max_len_b <= 0, generated=jnp.zeros_like(sequences0, dtype=bool), rng=decode_rng,
       log_prob=jnp.zeros((rows,), jnp.float32), stats=stats0)
+  if features is not None:  # the head's first call reads zeros: there is no feature before BOS
+    state0 = state0.replace(
+        draft_features=jnp.zeros((rows, shape.max_depth + 1, features.shape[-1]), features.dtype),
+        feature_start=jnp.full((rows,), -1, jnp.int32))
   step = functools.partial(tree_step, spec, cache_offset, draft_cache_offset)
   outputs_fn = lambda s: (s.sequences, s.generated, s.log_prob, s.stats)
   if shrink_batch:
@@ -409,7 +458,8 @@ def tree_speculative_sample(
         cur_index=0, sequences=0, max_len_b=0,
         target_cache=batch_shrink.same_axis(state0.target_cache, cache_offset),
         draft_cache=batch_shrink.same_axis(state0.draft_cache, draft_cache_offset), ended=0, generated=0,
-        rng=batch_shrink.SHARED, log_prob=0, stats=batch_shrink.same_axis(state0.stats, 0))
+        rng=batch_shrink.SHARED, log_prob=0, stats=batch_shrink.same_axis(state0.stats, 0),
+        draft_features=None if features is None else 0, feature_start=None if features is None else 0)
     sequences, generated, log_prob, stats = batch_shrink.shrinking_while_loop(
         step, state0, axes, lambda s: s.ended, outputs_fn)
   else:

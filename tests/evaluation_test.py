@@ -369,3 +369,32 @@ def test_draft_rank_probabilities_rank_the_targets_greedy_tokens_in_the_drafters
   assert 0 < sum(other['rank_probs']) <= 1
   with pytest.raises(ValueError, match='max_rank'):
     evaluation.draft_rank_probabilities(module, params, module, params, examples, lengths, max_rank=0)
+
+
+def test_draft_rank_probabilities_of_a_trimmed_vocabulary_and_of_a_feature_head():
+  import jax  # pylint: disable=g-import-not-at-top
+  from specdec import feature_drafter  # pylint: disable=g-import-not-at-top
+  from specdec import network  # pylint: disable=g-import-not-at-top
+  vocab = 48
+  config = network.t5_1_1_config('tiny', vocab_size=vocab)
+  module, params = network.Transformer(config), network.init_params(config, jax.random.PRNGKey(5))
+  rng = np.random.RandomState(1)
+  examples = [{'inputs': rng.randint(2, vocab, size=rng.randint(3, 8))} for _ in range(5)]
+  lengths = {'inputs': 8, 'targets': 12}
+  ids = np.arange(0, vocab, 2)
+  # The target as its own drafter over the even ids: rank 1 exactly where its greedy token is even.
+  trimmed = evaluation.draft_rank_probabilities(module, params, module, params, examples, lengths, max_rank=2,
+                                                batch_size=2, draft_vocab_ids=ids)
+  conf = evaluation.target_confidence(module, params, examples, lengths, batch_size=2)
+  assert trimmed['positions'] == conf['positions']
+  full = evaluation.draft_rank_probabilities(module, params, module, params, examples, lengths, max_rank=2,
+                                             batch_size=2)
+  assert full['rank_probs'][0] == 1.0 and 0.0 < trimmed['rank_probs'][0] < 1.0
+  assert trimmed['rank_probs'][1] == 0.0  # an odd token is never ranked, an even one is first
+  head_cfg = feature_drafter.FeatureHeadConfig(feature_dim=config.emb_dim, vocab_size=vocab, width=16,
+                                               num_layers=1, num_heads=2, head_dim=8, mlp_dim=32)
+  head = feature_drafter.FeatureHead(head_cfg)
+  head_params = feature_drafter.init_params(head_cfg, jax.random.PRNGKey(7))
+  by_head = evaluation.draft_rank_probabilities(module, params, head, head_params, examples, lengths, max_rank=3,
+                                                batch_size=2)
+  assert by_head['positions'] == conf['positions'] and 0.0 <= sum(by_head['rank_probs']) <= 1.0

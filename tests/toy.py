@@ -190,6 +190,11 @@ class ToyTreeModel(ToyModel):
     return {'cached_key': jnp.zeros((batch, self.cache_len, 1, 1), jnp.int32)}
 
   def tokens_to_logits(self, state: decoding.DecodingState):
+    _, hash_bk, tokens_bl = self._layout_hash(state)
+    return jnp.asarray(self.table)[hash_bk], {'cached_key': tokens_bl[..., None, None]}
+
+  def _layout_hash(self, state: decoding.DecodingState):
+    """(positions [B, k], the hash of what each token attends to [B, k], the new token cache [B, L])."""
     rows, k = state.cur_token.shape
     length = self.cache_len
     layout = state.layout
@@ -204,4 +209,35 @@ class ToyTreeModel(ToyModel):
         state.cur_token, mode='drop')
     weights_bl = jnp.asarray(self.weights)[jnp.clip(key_positions_bl, 0, length - 1)]
     hash_bk = jnp.sum(jnp.where(attend_bkl, (tokens_bl * weights_bl)[:, None, :], 0), axis=-1) % NUM_BUCKETS
-    return jnp.asarray(self.table)[hash_bk], {'cached_key': tokens_bl[..., None, None]}
+    return positions_bk, hash_bk, tokens_bl
+
+  def tokens_to_logits_and_features(self, state: decoding.DecodingState):
+    """The feature-drafting target contract, with or without a layout: features one_hot(hash)."""
+    _, hash_bk, tokens_bl = self._layout_hash(state)
+    return (jnp.asarray(self.table)[hash_bk], jax.nn.one_hot(hash_bk, NUM_BUCKETS),
+            {'cached_key': tokens_bl[..., None, None]})
+
+
+class ToyTreeFeatureDrafter(ToyFeatureDrafter):
+  """`ToyFeatureDrafter` for a `ToyTreeModel` target that also drafts a tree's nodes (`DecodingState.layout`).
+
+  Entry p reads (f_{p-1}, x_p) and predicts h_p = (argmax f_{p-1} + x_p * w[position]) mod 97; it checks h_p
+  against the hash of the tokens it attends to in its own cache (its layout's slots). With `exact=True` its
+  logits are the target's at h_p where both agree and f_{p-1} is a true feature, so a loop that hands each node
+  its parent's feature and keeps the cache right has every draft the target would make accepted.
+  """
+
+  def init_cache(self, batch: int):
+    return {'cached_key': jnp.zeros((batch, self.target.cache_len, 1, 1), jnp.int32)}
+
+  def tokens_to_logits(self, state: decoding.DecodingState, features_bke):
+    target = self.target
+    positions_bk, cached_bk, tokens_bl = ToyTreeModel._layout_hash(target, state)  # pylint: disable=protected-access
+    weights = jnp.asarray(target.weights)
+    h_bk = (jnp.argmax(features_bke, axis=-1) +
+            state.cur_token * weights[jnp.clip(positions_bk, 0, target.cache_len - 1)]) % NUM_BUCKETS
+    valid_bk = jnp.max(features_bke, axis=-1) > 0.5
+    ok_bk = (h_bk == cached_bk) & (valid_bk | (positions_bk == 0))
+    table = jnp.asarray(target.table if self.exact else self.table)
+    logits_bkv = jnp.where(ok_bk[..., None], table[h_bk], table[(h_bk + 1) % NUM_BUCKETS])
+    return logits_bkv, jax.nn.one_hot(h_bk, NUM_BUCKETS), {'cached_key': tokens_bl[..., None, None]}

@@ -13,6 +13,7 @@ import pytest
 
 from specdec import decoding
 from specdec import draft_tree
+from specdec import feature_drafter
 from specdec import models
 from specdec import network
 from specdec import tree_decoding
@@ -37,11 +38,19 @@ def _tree(target, drafter, inputs, branching, chain, **kw):
 TREES = [((), 3), ((2,), 2), ((3, 2), 1), ((2, 2, 2), 0)]
 
 
+def _no_zero_tokens(model):
+  """The toy with token 0 never its argmax: a 0 leaves the toy's prefix hash unchanged, and a greedy decode that
+  settles on 0s would no longer tell a wrong prefix or feature from the right one."""
+  model.table[:, 0] -= 10.0
+  return model
+
+
 class TestGreedyIdentity:
   LENGTH, VOCAB = 10, 7
 
   def _models(self, drafter_seed=41):
-    target = toy.ToyTreeModel(40, vocab=self.VOCAB, cache_len=self.LENGTH, scale=1.5, eos_bias=-1.0)
+    target = _no_zero_tokens(toy.ToyTreeModel(40, vocab=self.VOCAB, cache_len=self.LENGTH, scale=1.5,
+                                              eos_bias=-1.0))
     return target, toy.ToyTreeModel(drafter_seed, vocab=self.VOCAB, cache_len=self.LENGTH, scale=1.5)
 
   @pytest.mark.parametrize('branching, chain', TREES)
@@ -161,7 +170,6 @@ class TestBadInputs:
       (dict(rule='greedy'), 'rule must be one of'),
       (dict(branching=(0,)), 'branching must be ints >= 1'),
       (dict(branching=(), chain=0), 'needs at least one draft'),
-      (dict(draft_reads_features=True), 'feature head does not draft trees'),
       (dict(temperature=-1.0), 'temperature'),
   ])
   def test_bad_settings(self, kwargs, message):
@@ -249,3 +257,61 @@ class TestT5Networks:
                                jnp.asarray(valid, jnp.int32), enable_dropout=False)
     token_logp = np.take_along_axis(np.asarray(jax.nn.log_softmax(logits)), targets[..., None], -1)[..., 0]
     np.testing.assert_allclose(np.sum(token_logp * valid, -1), aux['scores'], rtol=1e-4, atol=1e-4)
+
+
+def _tree_with_head(target, head, inputs, branching, chain, **kw):
+  fn = functools.partial(tree_decoding.tree_speculative_sample, tokens_to_logits=target.tokens_to_logits_and_features,
+                         draft_tokens_to_logits=head.tokens_to_logits, eos_id=EOS, branching=branching,
+                         chain=chain, draft_reads_features=True, **kw)
+  batch = inputs.shape[0]
+  return jax.jit(fn)(inputs, target.init_cache(batch), draft_cache=head.init_cache(batch))
+
+
+class TestFeatureHeads:
+  """Feature drafting over a tree: each node drafted from its parent's predicted feature, the next round's
+  catch-up fed the target's features along the accepted path."""
+
+  LENGTH, VOCAB = 10, 7
+
+  @pytest.mark.parametrize('branching, chain', TREES)
+  def test_an_exact_head_has_every_round_keep_a_whole_path(self, branching, chain):
+    """The toy head is exact only where it reads its parent's true feature and its cache holds the path: a
+    node given the wrong feature, or a catch-up that misses a position, drafts a token the target rejects."""
+    # Room past the decode length for the widest tree's slots: a node whose slot is past the cache is never
+    # accepted (the tree is cut near the end), which would hide the whole paths this test counts.
+    target = _no_zero_tokens(toy.ToyTreeModel(40, vocab=self.VOCAB, cache_len=self.LENGTH + 16, scale=1.5,
+                                              eos_bias=-1.0))
+    head = toy.ToyTreeFeatureDrafter(target, exact=True)
+    inputs = jnp.zeros((6, self.LENGTH), jnp.int32)
+    want = _baseline(target, inputs, temperature=0.0)[0][:, -1]
+    got = _tree_with_head(target, head, inputs, branching, chain, temperature=0.0, return_stats=True)
+    np.testing.assert_array_equal(got.decodes[:, -1], want)
+    stats = jax.tree_util.tree_map(lambda x: np.asarray(x[:, -1]), got.stats)
+    depth = len(branching) + chain
+    # Every round but the last keeps all D drafts (the last may be cut by EOS or the length).
+    assert np.all(stats['accepted_at'][:, depth - 1] >= stats['target_calls'] - 1)
+    assert np.all(stats['target_calls'] <= -(-stats['emitted'] // (depth + 1)) + 1)
+
+  def test_a_sampled_tree_with_a_head_keeps_the_targets_law(self):
+    length, vocab, rows = 4, 5, 20_000
+    target = toy.ToyTreeModel(30, vocab=vocab, cache_len=length, scale=1.5, eos_bias=0.5)
+    head = toy.ToyTreeFeatureDrafter(target, seed=3, exact=False)
+    exact = toy.exact_distribution(target, length, EOS, 1.0, 0, 0.0)
+    out = _tree_with_head(target, head, jnp.zeros((rows, length), jnp.int32), (2,), 1, temperature=1.0, topk=0,
+                          decode_rng=jax.random.PRNGKey(7), shrink_batch=False)
+    assert toy.chi_square_pvalue(np.asarray(out.decodes[:, 0]), exact) > 1e-3
+
+  def test_a_t5_target_with_a_feature_head_through_the_model(self):
+    cfg = TestT5Networks.TARGET_CFG
+    head_cfg = feature_drafter.FeatureHeadConfig(feature_dim=cfg.emb_dim, vocab_size=TestT5Networks.VOCAB,
+                                                 width=16, num_layers=1, num_heads=2, head_dim=8, mlp_dim=32)
+    base = models.SpeculativeEncoderDecoderModel(network.Transformer(cfg), None, decode_fn=decoding.temperature_sample)
+    tree = models.SpeculativeEncoderDecoderModel(network.Transformer(cfg), feature_drafter.FeatureHead(head_cfg),
+                                                 decode_fn=tree_decoding.tree_speculative_sample)
+    t5 = TestT5Networks()
+    params = {'target': t5._params()['target'], 'drafter': tree.get_initial_params(jax.random.PRNGKey(4))['drafter']}
+    batch = t5._batch(seed=8)
+    want, want_aux = base.compile_predict({'temperature': 0.0})(params, batch)
+    got, aux = tree.compile_predict({'temperature': 0.0, 'branching': (2,), 'chain': 2})(params, batch)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(aux['scores'], want_aux['scores'])
