@@ -108,6 +108,24 @@ def kind_of(decode_fn: Callable[..., Any]) -> Optional[str]:
   return None
 
 
+def cache_slots(decode_fn: Callable[..., Any], length: int, decoder_params: Mapping[str, Any]) -> int:
+  """The cache slots a decode of `length` positions needs: `length`, plus what `decode_fn` declares as its
+  `extra_cache_slots(**settings)` (a draft tree's nodes are written past the last position), its settings the
+  keywords bound by partials on the way to it, then `decoder_params`. Seen through partials and wrappers as
+  `kind_of`."""
+  fn, bound = decode_fn, {}
+  while fn is not None:
+    extra = getattr(fn, 'extra_cache_slots', None)
+    if extra is not None:
+      return length + int(extra(**{**bound, **dict(decoder_params)}))
+    if isinstance(fn, functools.partial):
+      bound = {**fn.keywords, **bound}  # an outer partial's keywords win
+      fn = fn.func
+    else:
+      fn = getattr(fn, '__wrapped__', None)
+  return length
+
+
 # ---------------------------------------------------------------------------
 # Shared helpers.
 # ---------------------------------------------------------------------------

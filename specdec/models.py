@@ -277,6 +277,8 @@ class SpeculativeEncoderDecoderModel:
     encoder_input_tokens = batch['encoder_input_tokens']
     decoder_input_tokens = batch['decoder_input_tokens']
     max_decode_length = decoder_input_tokens.shape[1]
+    # The caches' slots: the decode's positions, and what the decode function writes past them (a draft tree).
+    cache_length = decoding.cache_slots(self.decode_fn, max_decode_length, decoder_params)
     inputs = (decoder_input_tokens if prompt_with_targets
               else jnp.zeros_like(decoder_input_tokens))
 
@@ -284,14 +286,14 @@ class SpeculativeEncoderDecoderModel:
     if kind == decoding.SPECULATIVE:
       cache, tokens_to_logits, draft_cache, draft_tokens_to_logits = self.drafter_kind.decoder_fns(
           self.module, params[TARGET], self.drafter_module, params[DRAFTER], encoder_input_tokens,
-          max_decode_length, self.decoder_fns, constrain_cache, self.draft_vocab_ids,
+          cache_length, self.decoder_fns, constrain_cache, self.draft_vocab_ids,
           params.get(DRAFT_PROJECTION) if self.draft_vocab_ids is not None else None,
           params.get(DRAFT_LOGITS_KERNEL))
       if self.drafter_kind.reads_features:
         decoder_params['draft_reads_features'] = True
     else:
       cache, tokens_to_logits = self.decoder_fns(
-          self.module, params[TARGET], encoder_input_tokens, max_decode_length,
+          self.module, params[TARGET], encoder_input_tokens, cache_length,
           constrain_cache)
       decoder_params.pop('return_stats', None)
     kwargs = dict(inputs=inputs, cache=cache, tokens_to_logits=tokens_to_logits,

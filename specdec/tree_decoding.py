@@ -15,7 +15,8 @@ Each round, from the last committed token x_i (the root, node 0):
    their positions i + 1 + d (`move_cache_slots`), so that the caches again hold the prefix position by position.
 
 A node whose cache slot i + j lies past the cache is never accepted (its key could not be written), so near the
-end of a sequence the tree is cut, never wrong.
+end of a short cache the tree is cut, never wrong; `models.SpeculativeEncoderDecoderModel` makes the caches
+`extra_cache_slots` longer, so that no node is cut.
 
 The drafter must take a `SlotLayout` in its decode step: a T5 network, or a feature head (EAGLE's setting, where
 trees came from: each node drafted from its parent's predicted feature, `draft_reads_features=True`). A chain is the tree `static_tree((), γ)`; the tree decode then keeps the chain's
@@ -25,6 +26,7 @@ through the tree): `inputs` must be zero past BOS.
 
 import dataclasses
 import functools
+import inspect
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
 
 import flax
@@ -467,3 +469,16 @@ def tree_speculative_sample(
   decodes = decoding._zero_after_eos(sequences, generated, eos_id)[:, 1:length + 1]  # pylint: disable=protected-access
   return decoding.SpeculativeOutput(*decoding._sort_by_log_prob(  # pylint: disable=protected-access
       batch_size, num_decodes, decodes, log_prob, stats if return_stats else None))
+
+
+def _extra_cache_slots(**settings) -> int:
+  """A tree's nodes past a row's last position: its root may sit at the last position, its node j at slot i + j."""
+  defaults = inspect.signature(tree_speculative_sample).parameters
+  branching = settings.get('branching', defaults['branching'].default)
+  chain = settings.get('chain', defaults['chain'].default)
+  return draft_tree.static_tree(tuple(branching), chain).num_nodes
+
+
+# `models.SpeculativeEncoderDecoderModel` makes both caches this much longer (`decoding.cache_slots`), so no node of
+# a tree is cut near the end of a sequence.
+tree_speculative_sample.extra_cache_slots = _extra_cache_slots

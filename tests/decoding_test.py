@@ -447,6 +447,17 @@ class TestDecodeKinds:
     assert decoding.kind_of(functools.wraps(decoding.temperature_sample)(wrapper)) == (
         decoding.AUTOREGRESSIVE)
 
+  def test_cache_slots_read_what_the_function_declares_through_partials(self):
+    def fn(**kwargs):
+      return kwargs
+    fn.extra_cache_slots = lambda width=1, **_: width
+    assert decoding.cache_slots(fn, 10, {}) == 11
+    assert decoding.cache_slots(fn, 10, {'width': 4}) == 14
+    bound = functools.partial(functools.partial(fn, width=2), width=3)
+    assert decoding.cache_slots(bound, 10, {}) == 13  # the outer partial's keyword wins
+    assert decoding.cache_slots(bound, 10, {'width': 5}) == 15  # and the call's settings over both
+    assert decoding.cache_slots(decoding.speculative_sample, 10, {'gamma': 4}) == 10  # a chain needs none
+
   def test_declare_kind(self):
     fn = decoding.declare_kind(decoding.SPECULATIVE)(lambda **kw: None)
     assert decoding.kind_of(fn) == decoding.SPECULATIVE

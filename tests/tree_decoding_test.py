@@ -243,6 +243,21 @@ class TestT5Networks:
       stats = jax.tree_util.tree_map(np.asarray, aux['stats'])
       assert np.all(stats['accepted_at'][:, 0] >= stats['target_calls'] - 1)
 
+  def test_the_models_caches_leave_room_for_every_node(self):
+    """The model makes both caches `extra_cache_slots` longer: a drafter equal to the target keeps a whole path in
+    every round but the last, even where a 9-node tree's slots run past the 12 decode positions."""
+    params = self._params()
+    params = {'target': params['target'], 'drafter': params['target']}
+    base, tree = self._models(self.TARGET_CFG)
+    batch = self._batch(seed=9)
+    want, _ = base.compile_predict({'temperature': 0.0})(params, batch)
+    got, aux = tree.compile_predict({'temperature': 0.0, 'branching': (2,), 'chain': 3, 'return_stats': True})(
+        params, batch)
+    np.testing.assert_array_equal(got, want)
+    stats = jax.tree_util.tree_map(np.asarray, aux['stats'])
+    assert np.all(stats['accepted_at'][:, 3] >= stats['target_calls'] - 1)
+    assert decoding.cache_slots(tree.decode_fn, 12, {'branching': (2,), 'chain': 3}) == 12 + 9
+
   def test_sampled_log_probs_equal_teacher_forced_scores(self):
     params = self._params()
     base, tree = self._models(self.DRAFTER_CFG)
