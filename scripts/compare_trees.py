@@ -171,12 +171,6 @@ def markdown(summary: Dict[str, Dict[str, Any]], args, header: str, num_examples
   return '\n'.join(lines) + '\n'
 
 
-def _timed(fn, *args):
-  start = time.perf_counter()
-  out = jax.block_until_ready(fn(*args))
-  return time.perf_counter() - start, out
-
-
 def main(argv=None):
   args = parse_args(argv)
   specdec_main.register_tasks()
@@ -238,7 +232,7 @@ def main(argv=None):
     outputs = {}
     for rep in range(args.repeats):
       for n in names[rep % len(names):] + names[:rep % len(names)]:  # each repeat starts one decoder later
-        t, outputs[n] = _timed(predict[n], batch, rng)
+        t, outputs[n] = benchmark.timed(predict[n], batch, rng)
         seconds[n].append(t)
     base_l = np.asarray(outputs['baseline'][0])[0]
     rec = {'index': i, 'seconds': {n: float(np.median(s)) for n, s in seconds.items()},

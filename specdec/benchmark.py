@@ -222,7 +222,8 @@ def divergence_margin(module, params, encoder_input_tokens_l: np.ndarray, baseli
 # ----------------------------------------------------------------------------------------------------------
 
 
-def _timed(fn, *args):
+def timed(fn, *args):
+  """(seconds, fn(*args)) with the result ready: one timed call, the wall clock around it."""
   start = time.perf_counter()
   out = jax.block_until_ready(fn(*args))
   return time.perf_counter() - start, out
@@ -425,9 +426,9 @@ class _BatchTiming:
 def _time_batch(decoders: Decoders, batch, rng, repeats: int) -> _BatchTiming:
   base_times, spec_times = [], []
   for _ in range(repeats):  # interleaved, so slow drifts of the machine hit both alike
-    t, (base_out, _) = _timed(decoders.base_predict, decoders.base_params, batch, rng)
+    t, (base_out, _) = timed(decoders.base_predict, decoders.base_params, batch, rng)
     base_times.append(t)
-    t, (spec_out, spec_aux) = _timed(decoders.spec_predict, decoders.params, batch, rng)
+    t, (spec_out, spec_aux) = timed(decoders.spec_predict, decoders.params, batch, rng)
     spec_times.append(t)
   base_out, spec_out, stats = partitioning.to_host((base_out, spec_out, spec_aux['stats']))
   return _BatchTiming(float(np.median(base_times)), float(np.median(spec_times)), base_out, spec_out, stats)

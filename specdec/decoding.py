@@ -34,7 +34,7 @@ is AUTOREGRESSIVE (T5X's decode_fn contract, returns (decodes, log_probs)),
 
 import dataclasses
 import functools
-from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Tuple, TypeVar, Union
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple, TypeVar, Union
 
 import flax
 import jax
@@ -898,15 +898,23 @@ def _check_cache_length(cache, length: int, cache_offset: int, name: str) -> Non
   (batch on `cache_offset`, length right after it). A shorter cache would
   drop the keys of late positions and silently change their logits.
   """
+  for cache_len in position_cache_lengths(cache, cache_offset):
+    if cache_len < length:
+      raise ValueError(
+          f'{name} holds {cache_len} decode positions but inputs has length '
+          f'{length}: build the cache with max_decode_length >= {length}.')
+
+
+def position_cache_lengths(cache, cache_offset: int = 0) -> List[int]:
+  """The length (slots) of every self-attention key cache in `cache`: leaves named `cached_key` in the project's
+  layout [.., B, L, heads, dim], batch on `cache_offset`; [] for a cache without one (an n-gram table's)."""
+  lengths = []
   for path, leaf in jax.tree_util.tree_flatten_with_path(cache)[0]:
     last = path[-1]
     key = getattr(last, 'key', getattr(last, 'name', None))
     if key == 'cached_key' and jnp.ndim(leaf) == 4 + cache_offset:
-      cache_len = jnp.shape(leaf)[cache_offset + 1]
-      if cache_len < length:
-        raise ValueError(
-            f'{name} holds {cache_len} decode positions but inputs has length '
-            f'{length}: build the cache with max_decode_length >= {length}.')
+      lengths.append(int(jnp.shape(leaf)[cache_offset + 1]))
+  return lengths
 
 
 def _call_shapes(tokens_to_logits, cache, sequences_shape, k, name, *,
@@ -1125,12 +1133,21 @@ def speculative_sample(
       spec, _expand(inputs, num_decodes).astype(jnp.int32), max_decode_steps,
       expand_cache(cache, num_decodes, cache_offset),
       expand_cache(draft_cache, num_decodes, draft_cache_offset), decode_rng, features)
-  step = functools.partial(speculative_step, spec)
+  return run_rounds(functools.partial(speculative_step, spec), state0,
+                    row_axes(state0, cache_offset, draft_cache_offset) if shrink_batch else None,
+                    eos_id, batch_size, num_decodes, length, return_stats)
+
+
+def run_rounds(step: Callable[[Any], Any], state0: Any, axes: Optional[Any], eos_id: int, batch_size: int,
+               num_decodes: int, length: int, return_stats: bool) -> SpeculativeOutput:
+  """A speculative loop run to the end and its output: `step` (one round) until every row has ended, with a
+  shrinking batch when `axes` (each state leaf's row axis, `batch_shrink`) is given; the decodes [B, nd, L]
+  zeroed after EOS, sorted by log-prob. The state has `sequences`, `generated`, `log_prob`, `stats`, `ended`
+  (`SpeculativeLoopState`, `tree_decoding.TreeLoopState`)."""
   outputs_fn = lambda s: (s.sequences, s.generated, s.log_prob, s.stats)
-  if shrink_batch:
+  if axes is not None:
     sequences, generated, log_prob, stats = batch_shrink.shrinking_while_loop(
-        step, state0, row_axes(state0, cache_offset, draft_cache_offset),
-        lambda s: s.ended, outputs_fn)
+        step, state0, axes, lambda s: s.ended, outputs_fn)
   else:
     sequences, generated, log_prob, stats = outputs_fn(
         lax.while_loop(lambda s: ~jnp.all(s.ended), step, state0))

@@ -86,6 +86,22 @@ def decode_and_score(predict: PredictFn, params: Any, task_name: str, split: str
           'predictions': predictions, 'targets': targets, 'seconds': seconds}
 
 
+def _greedy_decodes(module, params, examples: List[Mapping[str, Any]], feature_lengths: Mapping[str, int],
+                    batch_size: int, eos_id: int) -> Iterator[Tuple[Dict[str, np.ndarray], List[Mapping], np.ndarray,
+                                                                    np.ndarray, np.ndarray]]:
+  """The target's greedy decodes of `examples`, batch by batch: (batch, its examples, decodes [B, L], each
+  row's generated length up to and including EOS [B], the generated span as a 0/1 mask [B, L]). The mask, not
+  the token ids, marks what a teacher-forced pass scores: a generated id 0 is a real token."""
+  baseline = models.SpeculativeEncoderDecoderModel(module, None, decode_fn=decoding.temperature_sample)
+  predict = baseline.compile_predict({'temperature': 0.0})
+  for batch, chunk in batches(examples, feature_lengths, batch_size):
+    decodes_bl = np.asarray(predict({'target': params}, batch)[0])
+    lengths_b = np.asarray([int(np.flatnonzero(row == eos_id)[0]) + 1 if np.any(row == eos_id) else len(row)
+                            for row in decodes_bl])
+    valid_bl = (np.arange(decodes_bl.shape[1])[None] < lengths_b[:, None]).astype(np.int32)
+    yield batch, chunk, decodes_bl, lengths_b, valid_bl
+
+
 def target_confidence(module, params, examples: List[Mapping[str, Any]], feature_lengths: Mapping[str, int],
                       batch_size: int = 32, eos_id: int = 1) -> Dict[str, float]:
   """How sure a target is of its own greedy decodes: the ceiling of any drafter's greedy acceptance.
@@ -97,9 +113,6 @@ def target_confidence(module, params, examples: List[Mapping[str, Any]], feature
   >= 0.9, the mean entropy (nats), the counts, and `argmax_agreement` (teacher-forced argmax == the greedy
   token; 1 up to float ties, a check of the measurement).
   """
-  baseline = models.SpeculativeEncoderDecoderModel(module, None, decode_fn=decoding.temperature_sample)
-  predict = baseline.compile_predict({'temperature': 0.0})
-
   @jax.jit
   def top1_and_entropy(params, encoder_input_tokens, decodes_bl, valid_bl):
     decoder_input_tokens = jnp.pad(decodes_bl, ((0, 0), (1, 0)))[:, :-1]
@@ -112,12 +125,8 @@ def target_confidence(module, params, examples: List[Mapping[str, Any]], feature
     return jnp.exp(jnp.max(logp, axis=-1)), entropy, jnp.argmax(logp, axis=-1) == decodes_bl
 
   top1, entropy, agree = [], [], []
-  for batch, chunk in batches(examples, feature_lengths, batch_size):
-    decodes_bl, _ = predict({'target': params}, batch)
-    decodes_bl = np.asarray(decodes_bl)
-    lengths_b = np.asarray([int(np.flatnonzero(row == eos_id)[0]) + 1 if np.any(row == eos_id) else len(row)
-                            for row in decodes_bl])
-    valid_bl = (np.arange(decodes_bl.shape[1])[None] < lengths_b[:, None]).astype(np.int32)
+  for batch, chunk, decodes_bl, lengths_b, valid_bl in _greedy_decodes(module, params, examples, feature_lengths,
+                                                                       batch_size, eos_id):
     p_bl, h_bl, same_bl = map(np.asarray, top1_and_entropy(params, batch['encoder_input_tokens'], decodes_bl,
                                                            valid_bl))
     for row in range(len(chunk)):
@@ -150,8 +159,6 @@ def draft_rank_probabilities(target_module, target_params, drafter_module, draft
   """
   if max_rank < 1:
     raise ValueError(f'max_rank must be >= 1, got {max_rank!r}.')
-  baseline = models.SpeculativeEncoderDecoderModel(target_module, None, decode_fn=decoding.temperature_sample)
-  predict = baseline.compile_predict({'temperature': 0.0})
   ids = None if draft_vocab_ids is None else jnp.asarray(draft_vocab_ids, jnp.int32)
   vocab_size = target_module.config.vocab_size
 
@@ -181,11 +188,8 @@ def draft_rank_probabilities(target_module, target_params, drafter_module, draft
 
   counts = np.zeros(max_rank, np.int64)
   positions = 0
-  for batch, chunk in batches(examples, feature_lengths, batch_size):
-    decodes_bl = np.asarray(predict({'target': target_params}, batch)[0])
-    lengths_b = np.asarray([int(np.flatnonzero(row == eos_id)[0]) + 1 if np.any(row == eos_id) else len(row)
-                            for row in decodes_bl])
-    valid_bl = (np.arange(decodes_bl.shape[1])[None] < lengths_b[:, None]).astype(np.int32)
+  for batch, chunk, decodes_bl, lengths_b, valid_bl in _greedy_decodes(target_module, target_params, examples,
+                                                                       feature_lengths, batch_size, eos_id):
     rank_bl = np.asarray(ranks(drafter_params, batch['encoder_input_tokens'], decodes_bl, valid_bl))
     for row in range(len(chunk)):
       row_ranks = rank_bl[row, :lengths_b[row]]

@@ -119,14 +119,6 @@ class TreeSpec:
     return sampling.adjusted_log_probs(logits_xv, self.temperature, self.topk, self.topp)
 
 
-def _cache_length(cache: PyTree, cache_offset: int) -> Optional[int]:
-  for path, leaf in jax.tree_util.tree_flatten_with_path(cache)[0]:
-    key = getattr(path[-1], 'key', getattr(path[-1], 'name', None))
-    if key in POSITION_CACHE_LEAVES and jnp.ndim(leaf) == 4 + cache_offset:
-      return int(jnp.shape(leaf)[cache_offset + 1])
-  return None
-
-
 def move_cache_slots(cache: PyTree, from_bd: jax.Array, to_bd: jax.Array, move_bd: jax.Array,
                      cache_offset: int = 0) -> PyTree:
   """Copies each row's keys/values from slots from_bd to slots to_bd where move_bd (POSITION_CACHE_LEAVES).
@@ -421,11 +413,12 @@ def tree_speculative_sample(
   features = decoding._check_models(  # pylint: disable=protected-access
       inputs, shape.num_nodes - 1, cache, cache_offset, tokens_to_logits, draft_cache, draft_cache_offset,
       draft_tokens_to_logits, bool(draft_reads_features))
-  target_length = _cache_length(cache, cache_offset)
-  draft_length = _cache_length(draft_cache, draft_cache_offset)
-  if target_length is None or draft_length is None:
+  target_lengths = decoding.position_cache_lengths(cache, cache_offset)
+  draft_lengths = decoding.position_cache_lengths(draft_cache, draft_cache_offset)
+  if not target_lengths or not draft_lengths:
     raise ValueError('tree_speculative_sample needs both models to keep a key/value cache per position '
                      f"({POSITION_CACHE_LEAVES}): the tree's nodes are written there and moved.")
+  target_length, draft_length = min(target_lengths), min(draft_lengths)
   batch_size, length = inputs.shape
   buffer_shape = (batch_size, length + shape.max_depth + 2)
   _check_takes_layout(tokens_to_logits, cache, shape, buffer_shape, target_length, 'tokens_to_logits')
@@ -453,8 +446,7 @@ def tree_speculative_sample(
     state0 = state0.replace(
         draft_features=jnp.zeros((rows, shape.max_depth + 1, features.shape[-1]), features.dtype),
         feature_start=jnp.full((rows,), -1, jnp.int32))
-  step = functools.partial(tree_step, spec, cache_offset, draft_cache_offset)
-  outputs_fn = lambda s: (s.sequences, s.generated, s.log_prob, s.stats)
+  axes = None
   if shrink_batch:
     axes = state0.replace(
         cur_index=0, sequences=0, max_len_b=0,
@@ -462,13 +454,8 @@ def tree_speculative_sample(
         draft_cache=batch_shrink.same_axis(state0.draft_cache, draft_cache_offset), ended=0, generated=0,
         rng=batch_shrink.SHARED, log_prob=0, stats=batch_shrink.same_axis(state0.stats, 0),
         draft_features=None if features is None else 0, feature_start=None if features is None else 0)
-    sequences, generated, log_prob, stats = batch_shrink.shrinking_while_loop(
-        step, state0, axes, lambda s: s.ended, outputs_fn)
-  else:
-    sequences, generated, log_prob, stats = outputs_fn(lax.while_loop(lambda s: ~jnp.all(s.ended), step, state0))
-  decodes = decoding._zero_after_eos(sequences, generated, eos_id)[:, 1:length + 1]  # pylint: disable=protected-access
-  return decoding.SpeculativeOutput(*decoding._sort_by_log_prob(  # pylint: disable=protected-access
-      batch_size, num_decodes, decodes, log_prob, stats if return_stats else None))
+  return decoding.run_rounds(functools.partial(tree_step, spec, cache_offset, draft_cache_offset), state0, axes,
+                             eos_id, batch_size, num_decodes, length, return_stats)
 
 
 def _extra_cache_slots(**settings) -> int:

@@ -302,13 +302,13 @@ def test_run_resumes_and_tolerates_a_torn_line(first_run, tiny, copy_drafter, tm
   with open(out / 'examples.jsonl', 'a', encoding='utf-8') as f:
     f.write('{"index": 2, "batch": 2, "baseline_s": 0.')  # an interrupted write
   timed = []
-  real_timed = benchmark._timed  # pylint: disable=protected-access
+  real_timed = benchmark.timed
 
   def counting_timed(fn, *args):
     timed.append(fn)
     return real_timed(fn, *args)
 
-  monkeypatch.setattr(benchmark, '_timed', counting_timed)
+  monkeypatch.setattr(benchmark, 'timed', counting_timed)
   s = _run(tiny, copy_drafter, out, max_examples=3)
   # Only the new example was measured: one baseline and one speculative decode (repeats=1).
   assert len(timed) == 2
@@ -348,7 +348,7 @@ def test_run_refuses_to_resume_another_configuration(first_run, tiny, copy_draft
   out = tmp_path / 'bench'
   shutil.copytree(first_out, out)
   before = {p.name: p.read_bytes() for p in out.iterdir()}
-  monkeypatch.setattr(benchmark, '_timed', lambda *args: pytest.fail('decoded before refusing'))
+  monkeypatch.setattr(benchmark, 'timed', lambda *args: pytest.fail('decoded before refusing'))
   setting = dataclasses.replace(SETTING, **changes)
   with pytest.raises(fingerprint.ResumeRefused) as e:
     _run(tiny, copy_drafter, out, max_examples=1 if fewer else 2, setting=setting)

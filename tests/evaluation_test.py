@@ -294,15 +294,20 @@ class TestDecodeAndScore:
     assert result['metrics']['bleu'] == pytest.approx(0.0)
 
 
-def test_target_confidence_reads_the_targets_own_greedy_decodes():
+def _tiny_greedy_case(param_seed, example_seed, vocab=48):
+  """A tiny random T5 target and 5 short inputs: (config, module, params, examples, lengths)."""
   import jax  # pylint: disable=g-import-not-at-top
   from specdec import network  # pylint: disable=g-import-not-at-top
-  vocab = 48
   config = network.t5_1_1_config('tiny', vocab_size=vocab)
-  module, params = network.Transformer(config), network.init_params(config, jax.random.PRNGKey(3))
-  rng = np.random.RandomState(0)
+  module, params = network.Transformer(config), network.init_params(config, jax.random.PRNGKey(param_seed))
+  rng = np.random.RandomState(example_seed)
   examples = [{'inputs': rng.randint(2, vocab, size=rng.randint(3, 8))} for _ in range(5)]
-  lengths = {'inputs': 8, 'targets': 12}
+  return config, module, params, examples, {'inputs': 8, 'targets': 12}
+
+
+def test_target_confidence_reads_the_targets_own_greedy_decodes():
+  vocab = 48
+  _, module, params, examples, lengths = _tiny_greedy_case(3, 0, vocab)
   conf = evaluation.target_confidence(module, params, examples, lengths, batch_size=2)
   assert conf['examples'] == 5
   assert 5 <= conf['positions'] <= 5 * 12
@@ -349,12 +354,7 @@ def test_token_loss_is_the_mean_teacher_forced_cross_entropy():
 def test_draft_rank_probabilities_rank_the_targets_greedy_tokens_in_the_drafters_logits():
   import jax  # pylint: disable=g-import-not-at-top
   from specdec import network  # pylint: disable=g-import-not-at-top
-  vocab = 48
-  config = network.t5_1_1_config('tiny', vocab_size=vocab)
-  module, params = network.Transformer(config), network.init_params(config, jax.random.PRNGKey(5))
-  rng = np.random.RandomState(1)
-  examples = [{'inputs': rng.randint(2, vocab, size=rng.randint(3, 8))} for _ in range(5)]
-  lengths = {'inputs': 8, 'targets': 12}
+  config, module, params, examples, lengths = _tiny_greedy_case(5, 1)
   same = evaluation.draft_rank_probabilities(module, params, module, params, examples, lengths, max_rank=3,
                                              batch_size=2)
   assert same['rank_probs'] == [1.0, 0.0, 0.0] and 5 <= same['positions'] <= 5 * 12
@@ -374,13 +374,8 @@ def test_draft_rank_probabilities_rank_the_targets_greedy_tokens_in_the_drafters
 def test_draft_rank_probabilities_of_a_trimmed_vocabulary_and_of_a_feature_head():
   import jax  # pylint: disable=g-import-not-at-top
   from specdec import feature_drafter  # pylint: disable=g-import-not-at-top
-  from specdec import network  # pylint: disable=g-import-not-at-top
   vocab = 48
-  config = network.t5_1_1_config('tiny', vocab_size=vocab)
-  module, params = network.Transformer(config), network.init_params(config, jax.random.PRNGKey(5))
-  rng = np.random.RandomState(1)
-  examples = [{'inputs': rng.randint(2, vocab, size=rng.randint(3, 8))} for _ in range(5)]
-  lengths = {'inputs': 8, 'targets': 12}
+  config, module, params, examples, lengths = _tiny_greedy_case(5, 1, vocab)
   ids = np.arange(0, vocab, 2)
   # The target as its own drafter over the even ids: rank 1 exactly where its greedy token is even.
   trimmed = evaluation.draft_rank_probabilities(module, params, module, params, examples, lengths, max_rank=2,
