@@ -7,7 +7,12 @@
 A drafter is a directory or a name in --models: a T5 network, an n-gram model or a feature head (which drafts
 from the target's own features); DRAFTER@VOCAB_FILE trims a T5 drafter's vocabulary to the ids in VOCAB_FILE.
 DRAFTER:GAMMA/CONFIDENCE drafts adaptively: a row stops drafting in a round after a draft its drafter gives less
-than CONFIDENCE (`draft_confidence`; e.g. f128:3/0.5).
+than CONFIDENCE (`draft_confidence`; e.g. f128:3/0.5). DRAFTER:auto takes γ as the main job's `GAMMA = 'auto'` does
+(`auto_gamma.choose`: this machine's verify-cost curve, α of a calibration decode of the first batches and the
+in-loop c, measured before any timing) and is timed at its choice beside the fixed γ, so the report says how far
+the choice falls from the best fixed γ of the same drafter:
+
+  python scripts/compare_drafters.py --runs f128:1 f128:2 f128:3 f128:4 f128:auto --run v2_f128_gamma_auto_ende_t0
 
 For each batch of the first --examples test examples (--batch_size, default 1) the baseline and every
 speculative setting run in turn, --repeats times, keeping each batch's fastest run
@@ -30,6 +35,7 @@ import jax
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from specdec import auto_gamma  # pylint: disable=g-import-not-at-top,wrong-import-position
 from specdec import benchmark  # pylint: disable=g-import-not-at-top,wrong-import-position
 from specdec import decoding
 from specdec import draft_vocab
@@ -47,12 +53,13 @@ LENGTHS = {'inputs': 96, 'targets': 48}
 
 def parse_run(text: str):
   """'drafter:γ', 'drafter@vocab.json:γ' or either with '/confidence' -> (drafter, γ, draft_confidence);
-  the vocabulary stays in the name."""
+  the vocabulary stays in the name. γ is an int >= 1 or 'auto'."""
   drafter, _, setting = text.rpartition(':')
   gamma, slash, confidence = setting.partition('/')
-  bad = argparse.ArgumentTypeError(f'a run is DRAFTER[@VOCAB_FILE]:GAMMA[/CONFIDENCE] with GAMMA >= 1 and '
-                                   f'CONFIDENCE in (0, 1), got {text!r}')
-  if not drafter or not gamma.isdigit() or int(gamma) < 1 or (slash and not confidence):
+  bad = argparse.ArgumentTypeError(f"a run is DRAFTER[@VOCAB_FILE]:GAMMA[/CONFIDENCE] with GAMMA >= 1 or "
+                                   f"'{auto_gamma.AUTO}' and CONFIDENCE in (0, 1), got {text!r}")
+  auto = auto_gamma.is_auto(gamma)
+  if not drafter or not (auto or gamma.isdigit()) or (not auto and int(gamma) < 1) or (slash and not confidence):
     raise bad
   try:
     draft_confidence = float(confidence) if confidence else 0.0
@@ -60,11 +67,11 @@ def parse_run(text: str):
     raise bad from None
   if confidence and not 0.0 < draft_confidence < 1.0:
     raise bad
-  return drafter, int(gamma), draft_confidence
+  return drafter, (gamma if auto else int(gamma)), draft_confidence
 
 
-def run_name(drafter: str, gamma: int, draft_confidence: float) -> str:
-  """The row's name: 'drafter:γ', with '/confidence' when drafting adaptively."""
+def run_name(drafter: str, gamma, draft_confidence: float) -> str:
+  """The row's name: 'drafter:γ' (or 'drafter:auto'), with '/confidence' when drafting adaptively."""
   return f'{drafter}:{gamma}' + (f'/{draft_confidence:g}' if draft_confidence else '')
 
 
@@ -93,6 +100,10 @@ def compare(args) -> dict:
   base = models.SpeculativeEncoderDecoderModel(target_module, None, decode_fn=decoding.temperature_sample)
   drafters = {drafter: load_run_drafter(drafter, args.models, target_params)
               for drafter, _, _ in args.runs}
+  # 'auto' runs take their γ before anything is timed, as the main job does at the start of a row.
+  chosen = {(drafter, confidence): choose_gamma(target_module, target_params, drafters[drafter], confidence,
+                                                batches, args.temperature, modes[0])
+            for drafter, gamma, confidence in args.runs if auto_gamma.is_auto(gamma)}
   decoders = {}
   for shrink in modes:
     sampling_params = {'temperature': args.temperature, 'topk': 0, 'topp': 0.0, 'shrink_batch': shrink}
@@ -100,12 +111,15 @@ def compare(args) -> dict:
                                                             {'target': target_params})
     for drafter, gamma, confidence in args.runs:
       drafter_module, drafter_params, vocab_ids = drafters[drafter]
+      name = run_name(drafter, gamma, confidence)
+      if auto_gamma.is_auto(gamma):
+        gamma = chosen[(drafter, confidence)]['gamma']
       spec = models.SpeculativeEncoderDecoderModel(target_module, drafter_module,
                                                    decode_fn=decoding.speculative_sample,
                                                    draft_vocab_ids=vocab_ids)
       predict = spec.compile_predict(dict(sampling_params, gamma=gamma, draft_confidence=confidence,
                                           return_stats=True))
-      decoders[label(run_name(drafter, gamma, confidence), shrink)] = functools.partial(
+      decoders[label(name, shrink)] = functools.partial(
           predict, spec.with_draft_projection({'target': target_params, 'drafter': drafter_params}))
   timed = profiling.time_side_by_side(decoders, batches, repeats=args.repeats)
 
@@ -134,8 +148,11 @@ def compare(args) -> dict:
           round_s = profiling.fit_fixed_and_per_step(rounds, entry['seconds'])['per_step_s']
         except ValueError:  # every example took the same number of rounds
           pass
+      drafter, gamma, confidence = run
+      auto = chosen.get((drafter, confidence)) if auto_gamma.is_auto(gamma) else None
       rows.append({
           'run': label(run_name(*run), shrink),
+          'gamma': auto['gamma'] if auto else gamma,
           'speedup': sum(baseline['seconds']) / sum(entry['seconds']),
           'speedup_vs_full_batch_baseline': sum(plain['seconds']) / sum(entry['seconds']),
           'alpha': reporting.acceptance_rate(sum(int(s['accepted'].sum()) for s in stats), judged),
@@ -143,12 +160,53 @@ def compare(args) -> dict:
                               / sum(int(s['target_calls'].sum()) for s in stats)),
           'round_in_baseline_tokens': round_s / token_s if fit else None,
           'identical': _identical(entry, baseline) if args.temperature == 0 else None})
-  return {'command': 'python ' + ' '.join(['scripts/compare_drafters.py'] + sys.argv[1:]),
+  return {'gamma_auto': [{'drafter': drafter, 'draft_confidence': confidence, **choice}
+                         for (drafter, confidence), choice in chosen.items()],
+          'command': 'python ' + ' '.join(['scripts/compare_drafters.py'] + sys.argv[1:]),
           'date': datetime.date.today().isoformat(), 'machine': reporting.machine_info(),
           'task': TASKS[args.task], 'temperature': args.temperature, 'examples': len(examples),
           'batch_size': args.batch_size, 'shrink': args.shrink,
           'repeats': args.repeats, 'baseline_seconds': sum(plain['seconds']),
           'baseline_token_s': token_s, 'rows': rows}
+
+
+def choose_gamma(target_module, target_params, drafter, draft_confidence: float, batches, temperature: float,
+                 shrink: bool) -> dict:
+  """`auto_gamma.choose` for one drafter ((module, params, vocabulary ids)) on this run's batches."""
+  drafter_module, drafter_params, vocab_ids = drafter
+  decoder_params = {'temperature': temperature, 'topk': 0, 'topp': 0.0, 'draft_confidence': draft_confidence}
+  spec = models.SpeculativeEncoderDecoderModel(target_module, drafter_module, decode_fn=decoding.speculative_sample,
+                                               draft_vocab_ids=vocab_ids)
+  probe = spec.compile_predict(dict(decoder_params, gamma=auto_gamma.PROBE_GAMMA, shrink_batch=shrink,
+                                    return_stats=True))
+  base = models.SpeculativeEncoderDecoderModel(target_module, None, decode_fn=decoding.temperature_sample)
+  base_predict = base.compile_predict({'temperature': temperature, 'topk': 0, 'topp': 0.0, 'shrink_batch': shrink})
+  params = spec.with_draft_projection({'target': target_params, 'drafter': drafter_params})
+  return auto_gamma.choose(target_module, target_params, drafter_module, drafter_params, batches, probe,
+                           base_predict, params, {'target': target_params}, decoder_params,
+                           draft_vocab_ids=vocab_ids, log=lambda line: print(line, flush=True))
+
+
+def auto_lines(report: dict) -> list:
+  """Under the table: each 'auto' choice, what it was made from, and its measured speedup against the best fixed γ
+  of the same drafter in this run."""
+  lines = []
+  for choice in report.get('gamma_auto', []):
+    name = run_name(choice['drafter'], auto_gamma.AUTO, choice['draft_confidence'])
+    measured = [r for r in report['rows'] if r['run'] == name]
+    fixed = [r for r in report['rows']
+             if r['run'] != name and r['run'] == run_name(choice['drafter'], r.get('gamma'), choice['draft_confidence'])]
+    gamma = choice['gamma']
+    line = (f"- **{name}** chose γ = {gamma} (α {choice['alpha']:.3f} at γ = {choice['probe_gamma']}, c "
+            f"{choice['c_in_loop']:.3f}, a {gamma + 1}-token verify = {choice['verify_curve']['ratio'][gamma]:.2f} "
+            f"one-token calls; predicted {choice['predicted_speedup']:.2f}×; Thm 3.8 alone: γ = "
+            f"{choice['thm38_gamma']}; chosen in {choice['seconds']:.0f} s, not timed)")
+    if measured and fixed:
+      best = max(fixed, key=lambda r: r['speedup'])
+      line += (f": measured **{measured[0]['speedup']:.3f}×**, the best fixed γ here {best['run']} "
+               f"{best['speedup']:.3f}×, auto / best = **{measured[0]['speedup'] / best['speedup']:.3f}**")
+    lines.append(line + '.')
+  return [''] + lines if lines else []
 
 
 def _identical(entry, reference) -> bool:
@@ -178,11 +236,13 @@ def markdown(report: dict) -> str:
               '**speedup** | identical |', '|---|---|---|---|---|---|']
   for r in report['rows']:
     identical = '-' if r['identical'] is None else ('100%' if r['identical'] else 'NO')
-    head = f"| {r['run']} | {fmt(r['alpha'], '.3f')} | {fmt(r['tokens_per_call'], '.2f')} | "
+    run = r['run'] + (f" (γ = {r['gamma']})" if f':{auto_gamma.AUTO}' in r['run'] else '')
+    head = f"| {run} | {fmt(r['alpha'], '.3f')} | {fmt(r['tokens_per_call'], '.2f')} | "
     if report.get('shrink') == 'both':
       lines.append(head + f"**{r['speedup']:.3f}×** | {r['speedup_vs_full_batch_baseline']:.3f}× | {identical} |")
     else:
       lines.append(head + f"{fmt(r['round_in_baseline_tokens'], '.2f')} | **{r['speedup']:.3f}×** | {identical} |")
+  lines += auto_lines(report)
   return '\n'.join(lines) + '\n'
 
 

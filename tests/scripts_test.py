@@ -140,7 +140,10 @@ def test_compare_drafters_parses_runs_and_refuses_bad_ones():
   assert compare_drafters.parse_run('f128@v/top1024.json:3/0.5') == ('f128@v/top1024.json', 3, 0.5)
   assert compare_drafters.run_name('f128', 3, 0.5) == 'f128:3/0.5'
   assert compare_drafters.run_name('f128', 1, 0.0) == 'f128:1'
-  for bad in ('trigram', 'trigram:0', ':2', 'trigram:x', 'trigram:2/', 'trigram:2/1', 'trigram:2/0', 'trigram:2/x',
+  assert compare_drafters.parse_run('f128:auto') == ('f128', 'auto', 0.0)
+  assert compare_drafters.parse_run('f128:auto/0.5') == ('f128', 'auto', 0.5)
+  assert compare_drafters.run_name('f128', 'auto', 0.0) == 'f128:auto'
+  for bad in ('trigram', 'trigram:0', ':2', 'trigram:x', 'trigram:Auto', 'trigram:auto/', 'trigram:2/', 'trigram:2/1', 'trigram:2/0', 'trigram:2/x',
               'trigram:2/-0.5'):
     with pytest.raises(argparse.ArgumentTypeError, match=r'DRAFTER\[@VOCAB_FILE\]:GAMMA\[/CONFIDENCE\]'):
       compare_drafters.parse_run(bad)
@@ -182,6 +185,27 @@ def test_compare_drafters_table():
   text = compare_drafters.markdown(report)
   assert '| trigram:1 | 0.400 | 1.40 | 1.20 | **1.100×** | 100% |' in text
   assert '| bigram:1 | 0.300 | 1.30 | 1.10 | **1.050×** | NO |' in text
+
+
+def test_compare_drafters_auto_line_measures_the_choice_against_the_best_fixed_gamma():
+  import compare_drafters  # pylint: disable=g-import-not-at-top
+  row = lambda run, gamma, speedup: {'run': run, 'gamma': gamma, 'alpha': 0.6, 'tokens_per_call': 2.0,
+                                     'round_in_baseline_tokens': 1.5, 'speedup': speedup, 'identical': True}
+  report = {'task': 'specdec_ende_local', 'temperature': 0.0, 'command': 'python scripts/compare_drafters.py',
+            'date': '2026-12-05', 'machine': {'processor': 'x86_64', 'cpu_count': 2, 'jax': '0.10.2'},
+            'examples': 4, 'repeats': 3, 'baseline_seconds': 0.1, 'baseline_token_s': 0.002,
+            'rows': [row('f128:1', 1, 1.2), row('f128:3', 3, 1.3), row('bigram:3', 3, 1.5), row('f128:auto', 2, 1.25)],
+            'gamma_auto': [{'drafter': 'f128', 'draft_confidence': 0.0, 'gamma': 2, 'alpha': 0.61, 'probe_gamma': 2,
+                            'c_in_loop': 0.08, 'verify_curve': {'tokens': [1, 2, 3], 'ratio': [1.0, 1.1, 1.3]},
+                            'predicted_speedup': 1.4, 'thm38_gamma': 4, 'seconds': 12.0}]}
+  text = compare_drafters.markdown(report)
+  assert '| f128:auto (γ = 2) | 0.600 |' in text and '| f128:3 | 0.600 |' in text
+  # The bigram's faster row is another drafter's: auto is held against f128's own best fixed γ (3).
+  assert ('- **f128:auto** chose γ = 2 (α 0.610 at γ = 2, c 0.080, a 3-token verify = 1.30 one-token calls; '
+          'predicted 1.40×; Thm 3.8 alone: γ = 4; chosen in 12 s, not timed): measured **1.250×**, the best fixed '
+          'γ here f128:3 1.300×, auto / best = **0.962**.') in text
+  report['rows'] = report['rows'][-1:]
+  assert 'not timed).' in compare_drafters.markdown(report)
 
 
 def test_compare_drafters_table_with_and_without_shrinking():
