@@ -116,11 +116,13 @@ def training_runs(record: Optional[Mapping[str, Any]]) -> list:
   if not record:
     return []
   parent = record.get('init_train')
-  # Each trainer counts steps from 0 in its own model directory; count on from the model it continued.
-  offset = (parent or {}).get('step') or 0
+  earlier = training_runs(parent)
+  # Each trainer counts steps from 0 in its own model directory; count on from where the model it continued ended
+  # (its own step count is only its last trainer's).
+  offset = earlier[-1]['to_step'] if earlier else (parent or {}).get('step') or 0
   own = [dict(r, init_from_dir=record.get('init_from_dir'), from_step=offset + r['from_step'],
               to_step=offset + r['to_step']) for r in record.get('runs') or []]
-  return training_runs(parent) + own
+  return earlier + own
 
 
 def replace_with_continuation(continuation_dir: str, target_dir: str) -> dict:

@@ -119,6 +119,15 @@ class TestCompactRoundTrip:
     assert [(r['command'], r['from_step'], r['to_step'], r['init_from_dir']) for r in runs] == [
         ('a', 0, 5, None), ('b', 5, 7, start), ('c', 7, 8, start)]
     checkpoints.load_compact(start)  # still a whole model: its params match the recorded hash
+    # A third run continues the swapped-in model: its steps count on from the second run's end (8), not from the
+    # step its own start's trainer reached (3).
+    third = str(tmp_path / 'third')
+    checkpoints.save_compact(third, CFG, params, extra={'train': {
+        'step': 4, 'init_from_dir': start, 'runs': [{'command': 'd', 'from_step': 0, 'to_step': 4, 'minutes': 1.0}]}})
+    checkpoints.replace_with_continuation(third, start)
+    runs = checkpoints.training_runs(checkpoints.training_record(start))
+    assert [(r['command'], r['from_step'], r['to_step']) for r in runs] == [
+        ('a', 0, 5), ('b', 5, 7), ('c', 7, 8), ('d', 8, 12)]
 
   def test_replace_with_continuation_refuses_what_is_not_one(self, params, tmp_path):
     start, other = str(tmp_path / 'start'), str(tmp_path / 'other')
