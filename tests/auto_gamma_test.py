@@ -99,3 +99,12 @@ def test_bad_input_is_refused_before_measuring(fake_measures, batches, match):
   with pytest.raises(ValueError, match=match):
     _choose(batches, None)
   assert fake_measures == {'curve': 0, 'phases': 0}
+
+
+def test_alpha_is_calibrated_on_at_least_sixteen_examples():
+  # At batch 1 the first 16 batches; at batch 8 the first 2; at batch 5 the first 4; fewer batches than that: all.
+  assert auto_gamma.CALIBRATION_EXAMPLES == 16
+  assert len(auto_gamma.calibration_batches([_batch()] * 20)) == 16
+  assert len(auto_gamma.calibration_batches([_batch(rows=8)] * 5)) == 2
+  assert len(auto_gamma.calibration_batches([_batch(rows=5)] * 5)) == 4
+  assert len(auto_gamma.calibration_batches([_batch()] * 3)) == 3
