@@ -100,13 +100,17 @@ def compare(args) -> dict:
   base = models.SpeculativeEncoderDecoderModel(target_module, None, decode_fn=decoding.temperature_sample)
   drafters = {drafter: load_run_drafter(drafter, args.models, target_params)
               for drafter, _, _ in args.runs}
-  # 'auto' runs take their γ before anything is timed, as the main job does at the start of a row.
+  sampling = {shrink: {'temperature': args.temperature, 'topk': 0, 'topp': 0.0, 'shrink_batch': shrink}
+              for shrink in modes}
+  # 'auto' runs take their γ before anything is timed, as the main job does at the start of a row (the baseline
+  # compiled here is the one timed below: compile_predict keeps it).
   chosen = {(drafter, confidence): choose_gamma(target_module, target_params, drafters[drafter], confidence,
-                                                batches, args.temperature, modes[0])
+                                                batches, sampling[modes[0]],
+                                                base.compile_predict(sampling[modes[0]]))
             for drafter, gamma, confidence in args.runs if auto_gamma.is_auto(gamma)}
   decoders = {}
   for shrink in modes:
-    sampling_params = {'temperature': args.temperature, 'topk': 0, 'topp': 0.0, 'shrink_batch': shrink}
+    sampling_params = sampling[shrink]
     decoders[label('baseline', shrink)] = functools.partial(base.compile_predict(sampling_params),
                                                             {'target': target_params})
     for drafter, gamma, confidence in args.runs:
@@ -170,17 +174,15 @@ def compare(args) -> dict:
           'baseline_token_s': token_s, 'rows': rows}
 
 
-def choose_gamma(target_module, target_params, drafter, draft_confidence: float, batches, temperature: float,
-                 shrink: bool) -> dict:
-  """`auto_gamma.choose` for one drafter ((module, params, vocabulary ids)) on this run's batches."""
+def choose_gamma(target_module, target_params, drafter, draft_confidence: float, batches, sampling_params: dict,
+                 base_predict) -> dict:
+  """`auto_gamma.choose` for one drafter ((module, params, vocabulary ids)) on this run's batches, with the run's
+  sampling settings and its compiled baseline."""
   drafter_module, drafter_params, vocab_ids = drafter
-  decoder_params = {'temperature': temperature, 'topk': 0, 'topp': 0.0, 'draft_confidence': draft_confidence}
+  decoder_params = dict(sampling_params, draft_confidence=draft_confidence)
   spec = models.SpeculativeEncoderDecoderModel(target_module, drafter_module, decode_fn=decoding.speculative_sample,
                                                draft_vocab_ids=vocab_ids)
-  probe = spec.compile_predict(dict(decoder_params, gamma=auto_gamma.PROBE_GAMMA, shrink_batch=shrink,
-                                    return_stats=True))
-  base = models.SpeculativeEncoderDecoderModel(target_module, None, decode_fn=decoding.temperature_sample)
-  base_predict = base.compile_predict({'temperature': temperature, 'topk': 0, 'topp': 0.0, 'shrink_batch': shrink})
+  probe = spec.compile_predict(dict(decoder_params, gamma=auto_gamma.PROBE_GAMMA, return_stats=True))
   params = spec.with_draft_projection({'target': target_params, 'drafter': drafter_params})
   return auto_gamma.choose(target_module, target_params, drafter_module, drafter_params, batches, probe,
                            base_predict, params, {'target': target_params}, decoder_params,
