@@ -42,6 +42,7 @@ from specdec import draft_vocab
 from specdec import evaluation
 from specdec import fileio
 from specdec import loading
+from specdec import machine_load
 from specdec import models
 from specdec import profiling
 from specdec import reporting
@@ -125,7 +126,8 @@ def compare(args) -> dict:
                                           return_stats=True))
       decoders[label(name, shrink)] = functools.partial(
           predict, spec.with_draft_projection({'target': target_params, 'drafter': drafter_params}))
-  timed = profiling.time_side_by_side(decoders, batches, repeats=args.repeats)
+  with machine_load.CpuMeter() as meter:
+    timed = profiling.time_side_by_side(decoders, batches, repeats=args.repeats)
 
   plain = timed[label('baseline', modes[0])]
   # A batch's steps are its longest row's; per-step costs are fitted at batch 1 only (a shrinking batch's
@@ -171,7 +173,7 @@ def compare(args) -> dict:
           'task': TASKS[args.task], 'temperature': args.temperature, 'examples': len(examples),
           'batch_size': args.batch_size, 'shrink': args.shrink,
           'repeats': args.repeats, 'baseline_seconds': sum(plain['seconds']),
-          'baseline_token_s': token_s, 'rows': rows}
+          'baseline_token_s': token_s, 'others_cpu_share': meter.share, 'rows': rows}
 
 
 def choose_gamma(target_module, target_params, drafter, draft_confidence: float, batches, sampling_params: dict,
@@ -245,6 +247,9 @@ def markdown(report: dict) -> str:
     else:
       lines.append(head + f"{fmt(r['round_in_baseline_tokens'], '.2f')} | **{r['speedup']:.3f}×** | {identical} |")
   lines += auto_lines(report)
+  busy = machine_load.warning(report.get('others_cpu_share'), 'this comparison')
+  if busy:
+    lines += ['', f'**{busy}**']
   return '\n'.join(lines) + '\n'
 
 

@@ -40,6 +40,7 @@ from specdec import decoding
 from specdec import drafters
 from specdec import fileio
 from specdec import fingerprint
+from specdec import machine_load
 from specdec import models
 from specdec import oracle
 from specdec import partitioning
@@ -292,21 +293,27 @@ def run(models: ModelPair, data: TaskSplit, setting: Setting, output: Output,
   examples = load_examples(data)
   batches = make_batches(examples, data.lengths, setting.batch_size, setting.length_buckets)
   chosen = None
+  others = {}  # other processes' share of the machine while each part was timed (`machine_load`)
   if auto_gamma.is_auto(setting.gamma):  # fingerprinted as 'auto'; decoded, costed and reported at the choice
-    chosen = _choose_gamma(models, vocab, setting, batches, output.output_dir)
+    with machine_load.CpuMeter() as meter:
+      chosen = _choose_gamma(models, vocab, setting, batches, output.output_dir)
+    others['gamma_auto'] = meter.share
     setting = dataclasses.replace(setting, gamma=chosen['gamma'])
   decoders = compile_decoders(models, vocab, setting, measuring.mesh)
   examples_path = os.path.join(output.output_dir, 'examples.jsonl')
   done = _resume(examples_path, len(examples))
 
   start = time.perf_counter()
-  with open(examples_path, 'a', encoding='utf-8') as log:
+  with open(examples_path, 'a', encoding='utf-8') as log, machine_load.CpuMeter() as meter:
     warmup_s = _time_batches(models, data, setting, decoders, vocab, examples, batches, done, log,
                              output.log_every, start)
+  others['timed_decoding'] = meter.share
   records = [done[i] for i in sorted(done)]
   decode_s = time.perf_counter() - start - warmup_s
   cost_start = time.perf_counter()
-  costs, in_loop_by_rows = _costs(models, data, setting, decoders, batches, output.output_dir, measuring)
+  with machine_load.CpuMeter() as meter:
+    costs, in_loop_by_rows = _costs(models, data, setting, decoders, batches, output.output_dir, measuring)
+  others['cost_measurement'] = meter.share
   quality = _quality(task, records, examples)
   wall_seconds = {'compile_and_warmup': warmup_s, 'timed_decoding': decode_s,
                   'cost_measurement': time.perf_counter() - cost_start}
@@ -314,6 +321,11 @@ def run(models: ModelPair, data: TaskSplit, setting: Setting, output: Output,
                        recorded)
   if chosen is not None:
     summary['gamma_auto'] = chosen
+  summary['others_cpu_share'] = others
+  busy = machine_load.warning(max((v for v in others.values() if v is not None), default=None),
+                              f'{data.task} with {models.drafter_name}')
+  if busy:
+    print(busy, flush=True)
   write_outputs(output.output_dir, summary, records, output.write_plot)
   return summary
 

@@ -269,6 +269,10 @@ def benchmark_markdown(summary: Mapping[str, Any]) -> str:
         f"| the real loop (fitted over the examples): round / baseline token | {fit['round_in_baseline_tokens']:.2f} "
         f"({1000 * fit['round_s']:.3f} / {1000 * fit['baseline_token_s']:.3f} ms), "
         f"{fit['tokens_per_round']:.2f} tokens a round |")
+  others = {k: v for k, v in (s.get('others_cpu_share') or {}).items() if v is not None}
+  if others:
+    lines.append("| other processes' share of the machine while timed (`machine_load`) | "
+                 + ', '.join(f"{k.replace('_', ' ')} {100 * v:.0f}%" for k, v in others.items()) + ' |')
   if s['identical_rate'] is not None:
     lines.append(f"| identical greedy outputs | {100 * s['identical_rate']:.1f}% "
                  f"({s['examples'] - len(s['mismatches'])}/{s['examples']}) |")

@@ -271,6 +271,9 @@ def test_run_greedy_copy_drafter_is_exact_with_alpha_one(first_run):
   assert costs['verify_cost_ratio'] == pytest.approx(costs['verify_call_s'] / costs['target_call_s'])
   assert math.isfinite(s['speedup']) and s['speedup'] > 0
   assert all(v >= 0 for v in s['wall_seconds'].values())
+  # Others' share of the machine, per timed part (None where a part was shorter than the meter resolves).
+  assert set(s['others_cpu_share']) == {'timed_decoding', 'cost_measurement'}
+  assert all(v is None or 0 <= v <= 1 for v in s['others_cpu_share'].values())
   with open(out / 'examples.jsonl', encoding='utf-8') as f:
     recs = [json.loads(line) for line in f]
   assert [r['index'] for r in recs] == [0, 1]

@@ -185,6 +185,12 @@ def test_compare_drafters_table():
   text = compare_drafters.markdown(report)
   assert '| trigram:1 | 0.400 | 1.40 | 1.20 | **1.100×** | 100% |' in text
   assert '| bigram:1 | 0.300 | 1.30 | 1.10 | **1.050×** | NO |' in text
+  assert 'Other processes' not in text  # a report without the measurement, or a quiet one, warns of nothing
+  report['others_cpu_share'] = 0.05
+  assert 'Other processes' not in compare_drafters.markdown(report)
+  report['others_cpu_share'] = 0.5
+  assert compare_drafters.markdown(report).splitlines()[-1].startswith(
+      '**Other processes used 50% of the machine while this comparison was timed')
 
 
 def test_compare_drafters_auto_line_measures_the_choice_against_the_best_fixed_gamma():

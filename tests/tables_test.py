@@ -118,6 +118,18 @@ def test_table2_markdown():
   assert text.endswith('\n')
 
 
+def test_table2_markdown_warns_of_a_busy_machine_per_row():
+  quiet = _summary(tasks.ENDE_LOCAL_TASK, 'd1', 0.0, 4, 1.0)
+  quiet['others_cpu_share'] = {'timed_decoding': 0.02, 'cost_measurement': None}
+  busy = _summary(tasks.SUMMARIZE_LOCAL_TASK, 'd3', 1.0, 4, None)
+  busy['others_cpu_share'] = {'gamma_auto': 0.45, 'timed_decoding': 0.05}
+  text = tables.table2_markdown([quiet, busy])
+  warnings = [l for l in text.splitlines() if 'Other processes used' in l]
+  assert warnings == ["**Other processes used 45% of the machine while the row summ. (DDTP), d3, t = 1 was timed: "
+                      "its timings (and a γ 'auto' choice) may be off. Time on a quiet machine (`uptime`).**"]
+  assert 'Other processes' not in tables.table2_markdown([quiet])
+
+
 def test_table2_markdown_empty():
   text = tables.table2_markdown([])
   assert text.startswith('## Table 2 analogue\n')
