@@ -3,6 +3,7 @@
   python scripts/compare_drafters.py --models models/cpu_v2 --runs bigram:1 trigram:1 trigram:2 --temperature 0 --run v2_ngrams_t0
   python scripts/compare_drafters.py --runs bigram:1 d1kd:1 --batch_size 8 --shrink both --run v2_batch8_t0
   python scripts/compare_drafters.py --runs d1kd:2 d1kd@models/cpu_v2/draft_vocab/top2048.json:2 f1:3 --run heads_t0
+  python scripts/compare_drafters.py --models v2=models/cpu_v2 v3=models/cpu_v3 --runs f128:auto bigram:2 --run v2_v3_t0
 
 A drafter is a directory or a name in --models: a T5 network, an n-gram model or a feature head (which drafts
 from the target's own features); DRAFTER@VOCAB_FILE trims a T5 drafter's vocabulary to the ids in VOCAB_FILE.
@@ -20,8 +21,10 @@ speculative setting run in turn, --repeats times, keeping each batch's fastest r
 than those of separately timed benchmark rows (about ±0.05 on 2 cores). Reports the speedup (Σ baseline /
 Σ speculative), α, tokens per target call and, at batch 1, the per-round cost fitted to the real decodes in
 baseline tokens. --shrink both runs every decoder with and without `shrink_batch` (rows that ended leave the
-batch), each against the baseline of its own mode and against the full-batch baseline. Writes
-`results/compare/<run>.{md,json}`. Measure on a quiet machine.
+batch), each against the baseline of its own mode and against the full-batch baseline. With several --models
+(NAME=DIR, each a target and its drafters, e.g. two generations of a family) every run is timed in each family
+against that family's own target, all in one interleaved measurement. Writes `results/compare/<run>.{md,json}`.
+Measure on a quiet machine.
 """
 
 import argparse
@@ -91,89 +94,117 @@ def load_run_drafter(name: str, models_dir: str, target_params):
   return module, params, vocab_ids
 
 
+def parse_family(text: str):
+  """'NAME=DIR' or 'DIR' (named by its last component) -> (name, models directory)."""
+  name, eq, directory = text.partition('=')
+  if not eq:
+    name, directory = os.path.basename(os.path.normpath(text)), text
+  if not name or not directory:
+    raise argparse.ArgumentTypeError(f'a model family is DIR or NAME=DIR, got {text!r}')
+  return name, directory
+
+
+def row_label(family, name: str, shrink=None, several_modes: bool = False) -> str:
+  """A decoder's row: 'name', 'family name' when families are compared, '(shrinking batch)' or '(full batch)'
+  when both batch modes are."""
+  text = name if family is None else f'{family} {name}'
+  return f"{text} ({'shrinking' if shrink else 'full'} batch)" if several_modes else text
+
+
 def compare(args) -> dict:
-  target_module, target_params = loading.load_module_and_params(os.path.join(args.models, 'target'))
+  families = args.models
+  several = len(families) > 1
   examples = evaluation.task_examples(TASKS[args.task], 'test', LENGTHS, args.examples)
   batches = [batch for _, batch in benchmark.make_batches(examples, LENGTHS, args.batch_size, True)]
   modes = {'on': [True], 'off': [False], 'both': [False, True]}[args.shrink]
-  label = (lambda name, shrink: f"{name} ({'shrinking' if shrink else 'full'} batch)") if len(modes) > 1 else (
-      lambda name, shrink: name)
-  base = models.SpeculativeEncoderDecoderModel(target_module, None, decode_fn=decoding.temperature_sample)
-  drafters = {drafter: load_run_drafter(drafter, args.models, target_params)
-              for drafter, _, _ in args.runs}
+  label = lambda family, name, shrink: row_label(family if several else None, name, shrink, len(modes) > 1)
   sampling = {shrink: {'temperature': args.temperature, 'topk': 0, 'topp': 0.0, 'shrink_batch': shrink}
               for shrink in modes}
-  # 'auto' runs take their γ before anything is timed, as the main job does at the start of a row (the baseline
-  # compiled here is the one timed below: compile_predict keeps it).
-  chosen = {(drafter, confidence): choose_gamma(target_module, target_params, drafters[drafter], confidence,
-                                                batches, sampling[modes[0]],
-                                                base.compile_predict(sampling[modes[0]]))
-            for drafter, gamma, confidence in args.runs if auto_gamma.is_auto(gamma)}
-  decoders = {}
-  for shrink in modes:
-    sampling_params = sampling[shrink]
-    decoders[label('baseline', shrink)] = functools.partial(base.compile_predict(sampling_params),
-                                                            {'target': target_params})
+  chosen, decoders = {}, {}
+  for family, models_dir in families:
+    target_module, target_params = loading.load_module_and_params(os.path.join(models_dir, 'target'))
+    base = models.SpeculativeEncoderDecoderModel(target_module, None, decode_fn=decoding.temperature_sample)
+    drafters = {drafter: load_run_drafter(drafter, models_dir, target_params) for drafter, _, _ in args.runs}
+    # 'auto' runs take their γ before anything is timed, as the main job does at the start of a row (the baseline
+    # compiled here is the one timed below: compile_predict keeps it).
     for drafter, gamma, confidence in args.runs:
-      drafter_module, drafter_params, vocab_ids = drafters[drafter]
-      name = run_name(drafter, gamma, confidence)
       if auto_gamma.is_auto(gamma):
-        gamma = chosen[(drafter, confidence)]['gamma']
-      spec = models.SpeculativeEncoderDecoderModel(target_module, drafter_module,
-                                                   decode_fn=decoding.speculative_sample,
-                                                   draft_vocab_ids=vocab_ids)
-      predict = spec.compile_predict(dict(sampling_params, gamma=gamma, draft_confidence=confidence,
-                                          return_stats=True))
-      decoders[label(name, shrink)] = functools.partial(
-          predict, spec.with_draft_projection({'target': target_params, 'drafter': drafter_params}))
+        chosen[(family, drafter, confidence)] = choose_gamma(
+            target_module, target_params, drafters[drafter], confidence, batches, sampling[modes[0]],
+            base.compile_predict(sampling[modes[0]]))
+    for shrink in modes:
+      sampling_params = sampling[shrink]
+      decoders[label(family, 'baseline', shrink)] = functools.partial(base.compile_predict(sampling_params),
+                                                                      {'target': target_params})
+      for drafter, gamma, confidence in args.runs:
+        drafter_module, drafter_params, vocab_ids = drafters[drafter]
+        name = run_name(drafter, gamma, confidence)
+        if auto_gamma.is_auto(gamma):
+          gamma = chosen[(family, drafter, confidence)]['gamma']
+        spec = models.SpeculativeEncoderDecoderModel(target_module, drafter_module,
+                                                     decode_fn=decoding.speculative_sample,
+                                                     draft_vocab_ids=vocab_ids)
+        predict = spec.compile_predict(dict(sampling_params, gamma=gamma, draft_confidence=confidence,
+                                            return_stats=True))
+        decoders[label(family, name, shrink)] = functools.partial(
+            predict, spec.with_draft_projection({'target': target_params, 'drafter': drafter_params}))
   with machine_load.CpuMeter() as meter:
     timed = profiling.time_side_by_side(decoders, batches, repeats=args.repeats)
 
-  plain = timed[label('baseline', modes[0])]
   # A batch's steps are its longest row's; per-step costs are fitted at batch 1 only (a shrinking batch's
   # step gets cheaper as rows end).
   fit = args.batch_size == 1
-  base_tokens = [max(benchmark.num_tokens(row, 1) for row in np.asarray(out[0])) for out in plain['outputs']]
-  token_s = profiling.fit_fixed_and_per_step(base_tokens, plain['seconds'])['per_step_s'] if fit else None
-  rows = []
-  for shrink in modes:
-    baseline = timed[label('baseline', shrink)]
-    if len(modes) > 1 and shrink:
-      rows.append({'run': label('baseline', shrink), 'speedup': sum(plain['seconds']) / sum(baseline['seconds']),
-                   'speedup_vs_full_batch_baseline': sum(plain['seconds']) / sum(baseline['seconds']),
-                   'alpha': None, 'tokens_per_call': None, 'round_in_baseline_tokens': None,
-                   'identical': (_identical(baseline, plain) if args.temperature == 0 else None)})
-    for run in args.runs:
-      entry = timed[label(run_name(*run), shrink)]
-      stats = [jax.tree_util.tree_map(np.asarray, out[1]['stats']) for out in entry['outputs']]
-      rounds = [int(s['target_calls'].max()) for s in stats]
-      judged = sum(int(s['judged'].sum()) for s in stats)
-      round_s = float('nan')
-      if fit:
-        try:
-          round_s = profiling.fit_fixed_and_per_step(rounds, entry['seconds'])['per_step_s']
-        except ValueError:  # every example took the same number of rounds
-          pass
-      drafter, gamma, confidence = run
-      auto = chosen.get((drafter, confidence)) if auto_gamma.is_auto(gamma) else None
-      rows.append({
-          'run': label(run_name(*run), shrink),
-          'gamma': auto['gamma'] if auto else gamma,
-          'speedup': sum(baseline['seconds']) / sum(entry['seconds']),
-          'speedup_vs_full_batch_baseline': sum(plain['seconds']) / sum(entry['seconds']),
-          'alpha': reporting.acceptance_rate(sum(int(s['accepted'].sum()) for s in stats), judged),
-          'tokens_per_call': (sum(int(s['emitted'].sum()) for s in stats)
-                              / sum(int(s['target_calls'].sum()) for s in stats)),
-          'round_in_baseline_tokens': round_s / token_s if fit else None,
-          'identical': _identical(entry, baseline) if args.temperature == 0 else None})
-  return {'gamma_auto': [{'drafter': drafter, 'draft_confidence': confidence, **choice}
-                         for (drafter, confidence), choice in chosen.items()],
-          'command': 'python ' + ' '.join(['scripts/compare_drafters.py'] + sys.argv[1:]),
-          'date': datetime.date.today().isoformat(), 'machine': reporting.machine_info(),
-          'task': TASKS[args.task], 'temperature': args.temperature, 'examples': len(examples),
-          'batch_size': args.batch_size, 'shrink': args.shrink,
-          'repeats': args.repeats, 'baseline_seconds': sum(plain['seconds']),
-          'baseline_token_s': token_s, 'others_cpu_share': meter.share, 'rows': rows}
+  rows, baselines = [], {}
+  for family, _ in families:
+    plain = timed[label(family, 'baseline', modes[0])]
+    base_tokens = [max(benchmark.num_tokens(row, 1) for row in np.asarray(out[0])) for out in plain['outputs']]
+    token_s = profiling.fit_fixed_and_per_step(base_tokens, plain['seconds'])['per_step_s'] if fit else None
+    baselines[family] = {'seconds': sum(plain['seconds']), 'token_s': token_s}
+    tag = {'family': family} if several else {}
+    for shrink in modes:
+      baseline = timed[label(family, 'baseline', shrink)]
+      if len(modes) > 1 and shrink:
+        rows.append({'run': label(family, 'baseline', shrink), **tag,
+                     'speedup': sum(plain['seconds']) / sum(baseline['seconds']),
+                     'speedup_vs_full_batch_baseline': sum(plain['seconds']) / sum(baseline['seconds']),
+                     'alpha': None, 'tokens_per_call': None, 'round_in_baseline_tokens': None,
+                     'identical': (_identical(baseline, plain) if args.temperature == 0 else None)})
+      for run in args.runs:
+        entry = timed[label(family, run_name(*run), shrink)]
+        stats = [jax.tree_util.tree_map(np.asarray, out[1]['stats']) for out in entry['outputs']]
+        rounds = [int(s['target_calls'].max()) for s in stats]
+        judged = sum(int(s['judged'].sum()) for s in stats)
+        round_s = float('nan')
+        if fit:
+          try:
+            round_s = profiling.fit_fixed_and_per_step(rounds, entry['seconds'])['per_step_s']
+          except ValueError:  # every example took the same number of rounds
+            pass
+        drafter, gamma, confidence = run
+        auto = chosen.get((family, drafter, confidence)) if auto_gamma.is_auto(gamma) else None
+        rows.append({
+            'run': label(family, run_name(*run), shrink), **tag,
+            'gamma': auto['gamma'] if auto else gamma,
+            'speedup': sum(baseline['seconds']) / sum(entry['seconds']),
+            'speedup_vs_full_batch_baseline': sum(plain['seconds']) / sum(entry['seconds']),
+            'alpha': reporting.acceptance_rate(sum(int(s['accepted'].sum()) for s in stats), judged),
+            'tokens_per_call': (sum(int(s['emitted'].sum()) for s in stats)
+                                / sum(int(s['target_calls'].sum()) for s in stats)),
+            'round_in_baseline_tokens': round_s / token_s if fit else None,
+            'identical': _identical(entry, baseline) if args.temperature == 0 else None})
+  first = baselines[families[0][0]]
+  report = {'gamma_auto': [{**({'family': family} if several else {}), 'drafter': drafter,
+                            'draft_confidence': confidence, **choice}
+                           for (family, drafter, confidence), choice in chosen.items()],
+            'command': 'python ' + ' '.join(['scripts/compare_drafters.py'] + sys.argv[1:]),
+            'date': datetime.date.today().isoformat(), 'machine': reporting.machine_info(),
+            'task': TASKS[args.task], 'temperature': args.temperature, 'examples': len(examples),
+            'batch_size': args.batch_size, 'shrink': args.shrink,
+            'repeats': args.repeats, 'baseline_seconds': first['seconds'],
+            'baseline_token_s': first['token_s'], 'others_cpu_share': meter.share, 'rows': rows}
+  if several:
+    report['families'] = {name: {'models': directory, **baselines[name]} for name, directory in families}
+  return report
 
 
 def choose_gamma(target_module, target_params, drafter, draft_confidence: float, batches, sampling_params: dict,
@@ -196,10 +227,11 @@ def auto_lines(report: dict) -> list:
   of the same drafter in this run."""
   lines = []
   for choice in report.get('gamma_auto', []):
-    name = run_name(choice['drafter'], auto_gamma.AUTO, choice['draft_confidence'])
+    family = choice.get('family')
+    name = row_label(family, run_name(choice['drafter'], auto_gamma.AUTO, choice['draft_confidence']))
     measured = [r for r in report['rows'] if r['run'] == name]
-    fixed = [r for r in report['rows']
-             if r['run'] != name and r['run'] == run_name(choice['drafter'], r.get('gamma'), choice['draft_confidence'])]
+    fixed = [r for r in report['rows'] if r['run'] != name and r['run'] == row_label(
+        family, run_name(choice['drafter'], r.get('gamma'), choice['draft_confidence']))]
     gamma = choice['gamma']
     line = (f"- **{name}** chose γ = {gamma} (α {choice['alpha']:.3f} at γ = {choice['probe_gamma']}, c "
             f"{choice['c_in_loop']:.3f}, a {gamma + 1}-token verify = {choice['verify_curve']['ratio'][gamma]:.2f} "
@@ -229,6 +261,12 @@ def markdown(report: dict) -> str:
            'batch', '',
            f"Baseline: {1000 * report['baseline_seconds']:.1f} ms in all"
            + (f", {1000 * token_s:.3f} ms a token (fitted)." if token_s else '.'), '']
+  if report.get('families'):
+    lines[-2:] = ['Model families, each drafter against the baseline of its own target (the targets decode '
+                  'different outputs, so only their speedups compare): '
+                  + '; '.join(f"**{name}** (`{f['models']}`): baseline {1000 * f['seconds']:.1f} ms in all"
+                              + (f", {1000 * f['token_s']:.3f} ms a token (fitted)" if f['token_s'] else '')
+                              for name, f in report['families'].items()) + '.', '']
   fmt = reporting.fmt
   if report.get('shrink') == 'both':
     lines += ['Speedups against the baseline of the same batch mode; the last column against the full-batch '
@@ -255,7 +293,9 @@ def markdown(report: dict) -> str:
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--models', default='models/cpu_v2')
+  parser.add_argument('--models', nargs='+', type=parse_family, default=[parse_family('models/cpu_v2')],
+                      help='model families: DIR or NAME=DIR, each a target and its drafters; with several, every '
+                           'run is timed in each family against its own target, all interleaved')
   parser.add_argument('--runs', nargs='+', type=parse_run, required=True, help='DRAFTER[@VOCAB_FILE]:GAMMA[/CONFIDENCE] ...')
   parser.add_argument('--task', choices=sorted(TASKS), default='ende')
   parser.add_argument('--temperature', type=float, default=0.0)
@@ -271,6 +311,9 @@ def main(argv=None):
     parser.error(f'--temperature must be >= 0, got {args.temperature}')
   if args.batch_size < 1:
     parser.error(f'--batch_size must be >= 1, got {args.batch_size}')
+  names = [name for name, _ in args.models]
+  if len(set(names)) < len(names):
+    parser.error(f'--models: each family needs its own name (NAME=DIR), got {names}')
   report = compare(args)
   os.makedirs(args.out, exist_ok=True)
   fileio.atomic_write(os.path.join(args.out, f'{args.run}.json'),

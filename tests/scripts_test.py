@@ -214,6 +214,48 @@ def test_compare_drafters_auto_line_measures_the_choice_against_the_best_fixed_g
   assert 'not timed).' in compare_drafters.markdown(report)
 
 
+def test_compare_drafters_families_are_named_and_labelled():
+  import argparse
+  import compare_drafters  # pylint: disable=g-import-not-at-top
+  assert compare_drafters.parse_family('models/cpu_v3') == ('cpu_v3', 'models/cpu_v3')
+  assert compare_drafters.parse_family('models/cpu_v3/') == ('cpu_v3', 'models/cpu_v3/')
+  assert compare_drafters.parse_family('v3=models/cpu_v3') == ('v3', 'models/cpu_v3')
+  for bad in ('=models/cpu_v3', 'v3='):
+    with pytest.raises(argparse.ArgumentTypeError, match='a model family is DIR or NAME=DIR'):
+      compare_drafters.parse_family(bad)
+  assert compare_drafters.row_label(None, 'f128:3') == 'f128:3'
+  assert compare_drafters.row_label('v3', 'f128:3') == 'v3 f128:3'
+  assert compare_drafters.row_label('v3', 'baseline', True, True) == 'v3 baseline (shrinking batch)'
+  with pytest.raises(SystemExit):  # two families of one name
+    compare_drafters.main(['--models', 'models/a', 'b/a', '--runs', 'bigram:1', '--run', 'x'])
+
+
+def test_compare_drafters_table_of_two_families_holds_each_auto_choice_against_its_own_family():
+  import compare_drafters  # pylint: disable=g-import-not-at-top
+  row = lambda run, family, gamma, speedup: {'run': f'{family} {run}', 'family': family, 'gamma': gamma,
+                                             'alpha': 0.6, 'tokens_per_call': 2.0, 'round_in_baseline_tokens': 1.5,
+                                             'speedup': speedup, 'identical': True}
+  choice = lambda family, gamma: {'family': family, 'drafter': 'f128', 'draft_confidence': 0.0, 'gamma': gamma,
+                                  'alpha': 0.6, 'probe_gamma': 2, 'c_in_loop': 0.08,
+                                  'verify_curve': {'tokens': [1, 2, 3, 4], 'ratio': [1.0, 1.1, 1.3, 1.4]},
+                                  'predicted_speedup': 1.4, 'thm38_gamma': 4, 'seconds': 12.0}
+  report = {'task': 'specdec_ende_local', 'temperature': 0.0, 'command': 'python scripts/compare_drafters.py',
+            'date': '2026-12-05', 'machine': {'processor': 'x86_64', 'cpu_count': 2, 'jax': '0.10.2'},
+            'examples': 4, 'repeats': 3, 'baseline_seconds': 0.1, 'baseline_token_s': 0.002,
+            'families': {'v2': {'models': 'models/cpu_v2', 'seconds': 0.1, 'token_s': 0.002},
+                         'v3': {'models': 'models/cpu_v3', 'seconds': 0.12, 'token_s': 0.0021}},
+            'rows': [row('f128:3', 'v2', 3, 1.3), row('f128:auto', 'v2', 3, 1.28),
+                     row('f128:3', 'v3', 3, 1.6), row('f128:auto', 'v3', 2, 1.5)],
+            'gamma_auto': [choice('v2', 3), choice('v3', 2)]}
+  text = compare_drafters.markdown(report)
+  assert ('**v2** (`models/cpu_v2`): baseline 100.0 ms in all, 2.000 ms a token (fitted); **v3** (`models/cpu_v3`): '
+          'baseline 120.0 ms in all, 2.100 ms a token (fitted).') in text
+  assert '| v3 f128:auto (γ = 2) | 0.600 | 2.00 | 1.50 | **1.500×** | 100% |' in text
+  # Each family's choice against its own fixed γ: v3's faster f128:3 is not v2's best.
+  assert 'the best fixed γ here v2 f128:3 1.300×, auto / best = **0.985**' in text
+  assert 'the best fixed γ here v3 f128:3 1.600×, auto / best = **0.938**' in text
+
+
 def test_compare_drafters_table_with_and_without_shrinking():
   import compare_drafters  # pylint: disable=g-import-not-at-top
   report = {'task': 'specdec_ende_local', 'temperature': 0.0, 'command': 'python scripts/compare_drafters.py',
