@@ -876,6 +876,52 @@ def fitted_costs(rows: Sequence[Mapping[str, float]]) -> Dict[str, float]:
           'speculative_rms_residual_s': spec['rms_residual_s']}
 
 
+def budgeted_predict(model: models.SpeculativeEncoderDecoderModel, decoder_params: Mapping[str, Any]
+                     ) -> Callable[..., Any]:
+  """`predict(params, batch, rng, steps)`: `model`'s whole decode stopped after `steps` new tokens a row
+  (`max_decode_steps`), one compiled program for every budget (`steps` is an argument, not a constant the
+  compiler could fold into the loop)."""
+  def run(params, batch, rng, steps):
+    return model.predict_batch_with_aux(params, batch, rng, decoder_params=dict(decoder_params,
+                                                                                max_decode_steps=steps))
+  return jax.jit(run)
+
+
+def real_step_cost(predict: Callable[..., Any], params, batch, budgets: Tuple[int, int],
+                   steps_of: Callable[[Any], int], repeats: int = 5) -> Dict[str, Any]:
+  """What one step of a real decode loop costs, by difference: the same example decoded whole at two length
+  budgets, seconds over loop steps between them.
+
+  `predict` is a `budgeted_predict`; `steps_of(outputs)` counts the loop's steps in a decode's outputs (its
+  tokens for the baseline, its rounds for speculative decoding). Both budgets run the same program on the same
+  input, so the difference holds only the steps between them: every kernel, copy, branch and statistic of the
+  real loop, and none of the per-example fixed cost (encoding, cache set-up) nor the example-to-example
+  variation a fit over examples has (`fit_fixed_and_per_step`). The budgets are timed interleaved, fastest of
+  `repeats` (`fastest_interleaved`).
+
+  Returns {'budgets', 'steps': loop steps at each, 'seconds': fastest at each, 'per_step_s'}; per_step_s is
+  None where both budgets took the same number of steps (the example ended before the first).
+  """
+  low, high = budgets
+  if not 0 < low < high:
+    raise ValueError(f'budgets must be two token counts 0 < low < high, got {budgets!r}.')
+  rng = jax.random.PRNGKey(0)
+  calls = {str(b): (predict, (params, batch, rng, jnp.asarray(b, jnp.int32))) for b in budgets}
+  steps = [int(steps_of(jax.block_until_ready(predict(*calls[str(b)][1])))) for b in budgets]
+  best = fastest_interleaved(calls, repeats)
+  seconds = [best[str(b)] for b in budgets]
+  per_step = (seconds[1] - seconds[0]) / (steps[1] - steps[0]) if steps[1] > steps[0] else None
+  return {'budgets': [low, high], 'steps': steps, 'seconds': seconds, 'per_step_s': per_step}
+
+
+def pooled_step_cost(measurements: Sequence[Mapping[str, Any]]) -> Optional[float]:
+  """Seconds a step over the examples' `real_step_cost`s: Σ Δseconds / Σ Δsteps (examples that ended before
+  the lower budget add nothing); None if none has a step between its budgets."""
+  pairs = [(m['seconds'][1] - m['seconds'][0], m['steps'][1] - m['steps'][0]) for m in measurements
+           if m['steps'][1] > m['steps'][0]]
+  return sum(t for t, _ in pairs) / sum(n for _, n in pairs) if pairs else None
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Where the time goes, kernel by kernel (jax.profiler).
 # ----------------------------------------------------------------------------------------------------------

@@ -498,3 +498,44 @@ def test_prefilled_feature_pair_speaks_the_draft_vocabulary(pair):
   outside = np.setdiff1d(np.arange(64), ids)
   assert np.all(np.isneginf(np.asarray(logits)[..., outside]))
   assert np.all(np.isfinite(np.asarray(logits)[..., ids]))
+
+
+def test_budgeted_predict_stops_each_decode_at_its_budget(pair):
+  (target, target_params), (drafter, drafter_params) = pair
+  batch = _batch(rows=2)
+  base = models.SpeculativeEncoderDecoderModel(target, None, decode_fn=decoding.temperature_sample)
+  spec = models.SpeculativeEncoderDecoderModel(target, drafter, decode_fn=decoding.speculative_sample)
+  greedy = {'temperature': 0.0, 'topk': 0, 'topp': 0.0}
+  for model, params, settings in ((base, {'target': target_params}, greedy),
+                                  (spec, {'target': target_params, 'drafter': drafter_params},
+                                   dict(greedy, gamma=3, return_stats=True))):
+    full = np.asarray(model.compile_predict(settings)(params, batch, jax.random.PRNGKey(0))[0])
+    assert full[:, 7:].any()  # the whole decode runs past every budget, so each budget cuts it
+    predict = profiling.budgeted_predict(model, settings)
+    for budget in (1, 4, 7):
+      out = np.asarray(predict(params, batch, jax.random.PRNGKey(0), jnp.asarray(budget, jnp.int32))[0])
+      # The budget's first tokens are the whole decode's (greedy), and nothing is written past them.
+      np.testing.assert_array_equal(out[:, :budget], full[:, :budget])
+      assert not out[:, budget:].any()
+
+
+def test_real_step_cost_divides_the_seconds_between_budgets_by_the_steps(monkeypatch):
+  steps = {3: 2, 9: 5}
+  predict = lambda params, batch, rng, budget: int(budget)
+  monkeypatch.setattr(profiling, 'fastest_interleaved', lambda calls, repeats: {'3': 0.5, '9': 1.1})
+  got = profiling.real_step_cost(predict, None, None, (3, 9), steps_of=lambda out: steps[out])
+  assert got['steps'] == [2, 5] and got['seconds'] == [0.5, 1.1]
+  assert got['per_step_s'] == pytest.approx(0.6 / 3)
+  ended = profiling.real_step_cost(predict, None, None, (3, 9), steps_of=lambda out: 2)
+  assert ended['per_step_s'] is None  # the example ended before the lower budget
+  for bad in ((0, 4), (5, 5), (6, 2)):
+    with pytest.raises(ValueError, match='budgets must be two token counts'):
+      profiling.real_step_cost(predict, None, None, bad, steps_of=lambda out: 0)
+
+
+def test_pooled_step_cost_by_hand():
+  m = lambda steps, seconds: {'steps': steps, 'seconds': seconds}
+  # (0.6 + 0.0 + 0.3) / (3 + 0 + 2); the ended example adds nothing.
+  assert profiling.pooled_step_cost([m([2, 5], [0.5, 1.1]), m([4, 4], [0.2, 0.2]), m([1, 3], [0.1, 0.4])]) == (
+      pytest.approx(0.9 / 5))
+  assert profiling.pooled_step_cost([m([4, 4], [0.2, 0.2])]) is None

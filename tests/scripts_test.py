@@ -487,3 +487,26 @@ def test_profile_drafter_call_table():
   assert any(line.startswith('32 1-token drafter calls') and '**75% of it in matrix products**' in line
              and '2000 µs' in line for line in lines)
   assert profile_decode.drafter_call_lines(None, 0.002) == []
+
+
+def test_round_cost_parses_runs_and_lays_out_real_beside_replayed():
+  import argparse
+  import round_cost  # pylint: disable=g-import-not-at-top
+  assert round_cost.parse_run('f128:3') == ('f128', 3)
+  for bad in ('f128', 'f128:0', ':3', 'f128:auto'):
+    with pytest.raises(argparse.ArgumentTypeError, match='DRAFTER:GAMMA'):
+      round_cost.parse_run(bad)
+  with pytest.raises(SystemExit):
+    round_cost.main(['--runs', 'f128:3', '--budgets', '40', '8', '--run', 'x'])
+  replay = {'round_s': 0.004, 'baseline_round_s': 0.002, 'draft_s': 0.0005, 'verify_s': 0.003, 'accept_s': 0.0001,
+            'commit_s': 0.0001}
+  report = {'task': 'specdec_ende_local', 'temperature': 0.0, 'command': 'python scripts/round_cost.py',
+            'date': '2026-12-05', 'machine': {'processor': 'x86_64', 'cpu_count': 2, 'jax': '0.10.2'},
+            'models': 'models/cpu_v2', 'examples': 8, 'budgets': [8, 40], 'repeats': 5, 'others_cpu_share': 0.01,
+            'baseline': {'real_token_s': 0.0019},
+            'rows': [{'run': 'f128:3', 'real_round_s': 0.005, 'real_round_in_tokens': 0.005 / 0.0019,
+                      'replay': replay, 'replay_round_in_rounds': 2.0}]}
+  text = round_cost.markdown(report)
+  assert 'Baseline token: real 1.900 ms; replayed baseline round 2.000 ms.' in text
+  assert '| f128:3 | 5.000 | 4.000 | 1.25 | 2.63 | 2.00 | 0.500 / 3.000 / 0.100 / 0.100 |' in text
+  assert 'Other processes' not in text
