@@ -9,7 +9,8 @@ such a fit also carries the examples' variation. Here each of the first --exampl
 by the real programs at two length budgets (`max_decode_steps` --budgets, an argument of one compiled program)
 and the seconds between them are divided by the loop steps between them (`profiling.real_step_cost`): the
 baseline's token and each run's round as the real loop pays them, every kernel, copy, branch and statistic
-included, no fixed cost and no example-to-example variation. Beside them, the replay of the same round on the
+included, no fixed cost and no example-to-example variation; greedy, also without the statistics the benchmark
+keeps (the replay keeps none). Beside them, the replay of the same round on the
 first example (`profiling.in_loop_costs`). Writes `results/profile/<run>.{md,json}`. Measure on a quiet machine.
 """
 
@@ -74,12 +75,19 @@ def measure(args) -> dict:
       rounds_of = lambda out: int(np.asarray(out[1]['stats']['target_calls']).max())
       real = [profiling.real_step_cost(predict, params, b, budgets, rounds_of, args.repeats) for b in batches]
       round_s = profiling.pooled_step_cost(real)
+      # The same decodes without the statistics (greedy: the same rounds, counted by the run above).
+      bare_predict = profiling.budgeted_predict(spec, dict(spec_params, return_stats=False))
+      bare = [profiling.real_step_cost(bare_predict, params, b, budgets,
+                                       lambda out, counted=iter(with_stats['steps']): next(counted),
+                                       args.repeats)
+              for b, with_stats in zip(batches, real)] if args.temperature == 0 else None
       replay = profiling.in_loop_costs(target_module, target_params, drafter_module, drafter_params, batches[0],
                                        decoded_l, gamma, spec_params, repeats=args.repeats,
                                        parts=profiling.ALL_PARTS, draft_vocab_ids=vocab_ids)
       print(f'{drafter}:{gamma}: real round {1000 * round_s:.3f} ms, replayed {1000 * replay["round_s"]:.3f} ms',
             flush=True)
       rows.append({'run': f'{drafter}:{gamma}', 'real_round_s': round_s,
+                   'real_round_without_stats_s': profiling.pooled_step_cost(bare) if bare else None,
                    'real_round_in_tokens': round_s / token_s if round_s and token_s else None,
                    'replay': replay,
                    'replay_round_in_rounds': replay['round_s'] / replay['baseline_round_s'],
@@ -109,13 +117,14 @@ def markdown(report: dict) -> str:
            "benchmark's in-loop prediction uses it.", '',
            f"Baseline token: real {ms(token_s)} ms; replayed baseline round "
            + ', '.join(dict.fromkeys(ms(s) for s in replay_base)) + ' ms.', '',
-           '| run | real round ms | replayed round ms | real / replayed | real round in real baseline tokens | '
-           'replayed round in replayed baseline rounds | replay: draft / verify / accept / commit ms |',
-           '|---|---|---|---|---|---|---|']
+           '| run | real round ms | without statistics | replayed round ms | real / replayed | real round in real '
+           'baseline tokens | replayed round in replayed baseline rounds | replay: draft / verify / accept / commit ms |',
+           '|---|---|---|---|---|---|---|---|']
   for r in report['rows']:
     rp = r['replay']
     ratio = r['real_round_s'] / rp['round_s'] if r['real_round_s'] else None
-    lines.append(f"| {r['run']} | {ms(r['real_round_s'])} | {ms(rp['round_s'])} | {fmt(ratio, '.2f')} | "
+    lines.append(f"| {r['run']} | {ms(r['real_round_s'])} | {ms(r.get('real_round_without_stats_s'))} | "
+                 f"{ms(rp['round_s'])} | {fmt(ratio, '.2f')} | "
                  f"{fmt(r['real_round_in_tokens'], '.2f')} | {r['replay_round_in_rounds']:.2f} | "
                  f"{ms(rp['draft_s'])} / {ms(rp['verify_s'])} / {ms(rp['accept_s'])} / {ms(rp['commit_s'])} |")
   busy = machine_load.warning(report.get('others_cpu_share'), 'this measurement')

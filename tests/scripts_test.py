@@ -508,5 +508,5 @@ def test_round_cost_parses_runs_and_lays_out_real_beside_replayed():
                       'replay': replay, 'replay_round_in_rounds': 2.0}]}
   text = round_cost.markdown(report)
   assert 'Baseline token: real 1.900 ms; replayed baseline round 2.000 ms.' in text
-  assert '| f128:3 | 5.000 | 4.000 | 1.25 | 2.63 | 2.00 | 0.500 / 3.000 / 0.100 / 0.100 |' in text
+  assert '| f128:3 | 5.000 | - | 4.000 | 1.25 | 2.63 | 2.00 | 0.500 / 3.000 / 0.100 / 0.100 |' in text
   assert 'Other processes' not in text
