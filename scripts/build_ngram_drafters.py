@@ -15,10 +15,12 @@ import argparse
 import hashlib
 import json
 import os
+import sys
 import time
 
 import seqio
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo, installed or not
 from specdec import ngram
 from specdec import tasks  # pylint: disable=unused-import  (registers tasks)
 

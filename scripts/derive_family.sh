@@ -3,7 +3,7 @@
 # trigram tables, the draft vocabulary and the feature head f128, then the family's evaluation. Defaults: the third
 # CPU target (models/cpu_v3). Every step resumes or is skipped when its output is there, so run it again after a
 # stop; the head's gin file caps its run with max_minutes (run again to continue it).
-#   bash scripts/derive_family.sh                       # about 100 minutes on 2 cores
+#   bash scripts/derive_family.sh                       # about 90 minutes on 2 cores
 #   FAMILY=models/cpu_v3 CORPUS=data/corpus_v3 TAG=v3 HEAD_GIN=train/feature_head_f128_v3.gin bash scripts/derive_family.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -26,6 +26,7 @@ import time
 import jax
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo, installed or not
 from specdec import checkpoints
 from specdec import decoding
 from specdec import evaluation

@@ -15,6 +15,7 @@ import json
 import os
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo, installed or not
 from specdec import fileio
 from specdec import network
 from specdec import xxl_memory_plan as plan

@@ -14,6 +14,7 @@ import json
 import os
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo, installed or not
 from specdec import fileio
 from specdec import xxl_training_plan as plan
 
