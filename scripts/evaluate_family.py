@@ -202,8 +202,11 @@ def main():
   _write(os.path.join(args.results, 'models.md'), models_table(report))
   _write(os.path.join(args.results, 'acceptance.md'), acceptance_table(report))
   for name, entry in ({} if args.no_cards else report['models']).items():
-    _write(os.path.join(args.models, name, 'MODEL_CARD.md'),
-           model_card(name, loaded[name][0].config, entry, report))
+    card = os.path.join(args.models, name, 'MODEL_CARD.md')
+    if writes_card(card, name):
+      _write(card, model_card(name, loaded[name][0].config, entry, report))
+    else:
+      print(f'{card}: kept (written by another tool, e.g. scripts/compare_targets.py --card)')
   for name in NGRAMS:
     if name in report['acceptance'] and not args.no_cards:
       _write(os.path.join(args.models, name, 'MODEL_CARD.md'),
@@ -227,7 +230,7 @@ def models_table(report):
     s = m['test']['summarize']
     lines.append(
         f"| {name} | {m['params'] / 1e6:.2f}M | {m['decode_cost_vs_target']:.3f} | "
-        f"{m['train'].get('step', '?')} | {ev.get('eval_loss', float('nan')):.3f} | "
+        f"{train_steps(m['train'])} | {ev.get('eval_loss', float('nan')):.3f} | "
         f"{m['test']['ende'].get('bleu', float('nan')):.1f} | "
         f"{s.get('rouge1', 0):.1f}/{s.get('rouge2', 0):.1f}/{s.get('rougeLsum', 0):.1f} |")
   conf = report.get('target_confidence')
@@ -257,6 +260,26 @@ def acceptance_table(report):
           f"{e['alpha_accepted_over_judged']:.3f} | {e['tokens_per_target_call']:.2f} | "
           f"{e.get('identical_outputs', '')} | {paper} |")
   return '\n'.join(lines) + '\n'
+
+
+def train_steps(record) -> str:
+  """A model's training steps over every run of its chain (a continued model's own step count is its last
+  trainer's), with the model its first run started from."""
+  runs = checkpoints.training_runs(record)
+  if not runs:
+    return str(record.get('step', '?'))
+  start = runs[0].get('init_from_dir')
+  return f"{runs[-1]['to_step']}" + (f' (from `{start}`)' if start else '')
+
+
+def writes_card(path: str, name: str) -> bool:
+  """Whether this script (re)writes the card at `path`: where there is none, or where the one there is its own
+  (`model_card`'s title). A richer card another tool wrote (a continued target's, with every run and the
+  comparison with the target it continues) is kept."""
+  if not os.path.exists(path):
+    return True
+  with open(path, encoding='utf-8') as f:
+    return f.readline().rstrip('\n') == f'# Model card: {name}'
 
 
 def model_card(name, config, entry, report):

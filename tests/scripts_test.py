@@ -510,3 +510,23 @@ def test_round_cost_parses_runs_and_lays_out_real_beside_replayed():
   assert 'Baseline token: real 1.900 ms; replayed baseline round 2.000 ms.' in text
   assert '| f128:3 | 5.000 | - | 4.000 | 1.25 | 2.63 | 2.00 | 0.500 / 3.000 / 0.100 / 0.100 |' in text
   assert 'Other processes' not in text
+
+
+def test_evaluate_family_keeps_a_card_another_tool_wrote(tmp_path):
+  import evaluate_family  # pylint: disable=g-import-not-at-top
+  card = tmp_path / 'MODEL_CARD.md'
+  assert evaluate_family.writes_card(str(card), 'target')  # none yet
+  card.write_text('# Model card: target\n\n- Architecture: ...\n')
+  assert evaluate_family.writes_card(str(card), 'target')  # its own: rewritten
+  card.write_text('# Model card: v3 (`models/cpu_v3/target`)\n\n- Training: 3 runs ...\n')
+  assert not evaluate_family.writes_card(str(card), 'target')  # compare_targets.py's: kept
+
+
+def test_evaluate_family_counts_a_continued_models_steps_over_its_runs():
+  import evaluate_family  # pylint: disable=g-import-not-at-top
+  assert evaluate_family.train_steps({'step': 2650}) == '2650'
+  run = lambda a, b: {'command': 'python -m specdec.train', 'from_step': a, 'to_step': b, 'minutes': 1.0}
+  first = {'step': 1060, 'runs': [run(0, 1060)]}
+  continued = {'step': 1890, 'runs': [run(0, 1890)], 'init_train': first, 'init_from_dir': 'models/cpu_v3/target'}
+  first['init_from_dir'] = 'models/cpu_v2/target'
+  assert evaluate_family.train_steps(continued) == '2950 (from `models/cpu_v2/target`)'
