@@ -285,9 +285,7 @@ def markdown(report: dict) -> str:
     else:
       lines.append(head + f"{fmt(r['round_in_baseline_tokens'], '.2f')} | **{r['speedup']:.3f}×** | {identical} |")
   lines += auto_lines(report)
-  busy = machine_load.warning(report.get('others_cpu_share'), 'this comparison')
-  if busy:
-    lines += ['', f'**{busy}**']
+  lines += machine_load.warning_lines(report.get('others_cpu_share'), 'this comparison')
   return '\n'.join(lines) + '\n'
 
 

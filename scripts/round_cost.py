@@ -127,9 +127,7 @@ def markdown(report: dict) -> str:
                  f"{ms(rp['round_s'])} | {fmt(ratio, '.2f')} | "
                  f"{fmt(r['real_round_in_tokens'], '.2f')} | {r['replay_round_in_rounds']:.2f} | "
                  f"{ms(rp['draft_s'])} / {ms(rp['verify_s'])} / {ms(rp['accept_s'])} / {ms(rp['commit_s'])} |")
-  busy = machine_load.warning(report.get('others_cpu_share'), 'this measurement')
-  if busy:
-    lines += ['', f'**{busy}**']
+  lines += machine_load.warning_lines(report.get('others_cpu_share'), 'this measurement')
   return '\n'.join(lines) + '\n'
 
 

@@ -322,8 +322,7 @@ def run(models: ModelPair, data: TaskSplit, setting: Setting, output: Output,
   if chosen is not None:
     summary['gamma_auto'] = chosen
   summary['others_cpu_share'] = others
-  busy = machine_load.warning(max((v for v in others.values() if v is not None), default=None),
-                              f'{data.task} with {models.drafter_name}')
+  busy = machine_load.warning(others, f'{data.task} with {models.drafter_name}')
   if busy:
     print(busy, flush=True)
   write_outputs(output.output_dir, summary, records, output.write_plot)

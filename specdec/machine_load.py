@@ -12,7 +12,7 @@ import dataclasses
 import os
 import resource
 import time
-from typing import Optional
+from typing import List, Mapping, Optional, Union
 
 # Above this share of the machine used by others, a report warns that its timings may be off.
 BUSY_SHARE = 0.1
@@ -100,9 +100,27 @@ class CpuMeter:
       self.share = others_share(self._before, after, wall_s)
 
 
-def warning(share: Optional[float], what: str) -> Optional[str]:
-  """A one-line warning when others used more than `BUSY_SHARE` of the machine while `what` was timed."""
+Shares = Union[None, float, Mapping[str, Optional[float]]]
+
+
+def largest_share(shares: Shares) -> Optional[float]:
+  """One share, or the largest of a mapping of them (a run's timed parts; parts not measured are None)."""
+  if isinstance(shares, Mapping):
+    return max((v for v in shares.values() if v is not None), default=None)
+  return shares
+
+
+def warning(shares: Shares, what: str) -> Optional[str]:
+  """A one-line warning when others used more than `BUSY_SHARE` of the machine while `what` was timed (`shares`:
+  a share, or a mapping of shares of which the largest counts)."""
+  share = largest_share(shares)
   if share is None or share <= BUSY_SHARE:
     return None
   return (f'Other processes used {share:.0%} of the machine while {what} was timed: its timings (and a γ '
           f"'auto' choice) may be off. Time on a quiet machine (`uptime`).")
+
+
+def warning_lines(shares: Shares, what: str) -> List[str]:
+  """`warning` as Markdown lines to put under a report: a blank line and the warning in bold, or none."""
+  line = warning(shares, what)
+  return ['', f'**{line}**'] if line else []

@@ -94,12 +94,9 @@ def table2_markdown(summaries: Sequence[Mapping[str, Any]], title: str = 'Table 
                   f"machine's verify-cost curve (k tokens: cost over a 1-token call; {ratios}), predicted "
                   f"{auto['predicted_speedup']:.2f}× (`auto_gamma`)."]
     for x in summaries:
-      busy = machine_load.warning(max((v for v in (x.get('others_cpu_share') or {}).values() if v is not None),
-                                      default=None),
-                                  f"the row {TASK_LABEL.get(x['task'], x['task'])}, {x['drafter']}, t = "
-                                  f"{x['setting']['temperature']:g}")
-      if busy:
-        lines += ['', f'**{busy}**']
+      lines += machine_load.warning_lines(
+          x.get('others_cpu_share'), f"the row {TASK_LABEL.get(x['task'], x['task'])}, {x['drafter']}, t = "
+                                     f"{x['setting']['temperature']:g}")
     batches = sorted({x['setting'].get('batch_size', 1) for x in summaries})
     if batches != [1]:
       lines += ['', 'At batch > 1 a row of the table times whole batches (a batch takes as long as its slowest '

@@ -68,3 +68,14 @@ def test_warning_only_above_the_busy_share():
   line = machine_load.warning(0.3, 'the row En→De')
   assert line.startswith('Other processes used 30% of the machine while the row En→De was timed')
   assert '\n' not in line
+
+
+def test_a_mapping_of_shares_warns_by_its_largest_and_as_markdown_lines():
+  parts = {'gamma_auto': 0.3, 'timed_decoding': 0.02, 'cost_measurement': None}
+  assert machine_load.largest_share(parts) == 0.3
+  assert machine_load.largest_share({'timed_decoding': None}) is None
+  assert machine_load.largest_share(0.05) == 0.05
+  assert machine_load.warning(parts, 'x') == machine_load.warning(0.3, 'x')
+  assert machine_load.warning_lines(parts, 'x') == ['', f"**{machine_load.warning(0.3, 'x')}**"]
+  assert machine_load.warning_lines({'timed_decoding': 0.02}, 'x') == []
+  assert machine_load.warning_lines(None, 'x') == []
