@@ -6,7 +6,9 @@
 Per target, on the same examples:
   - token loss (teacher-forced, nats per target token) on the first --loss_examples validation examples of each
     task (`evaluation.token_loss`);
-  - greedy BLEU on the whole En→De validation split and on its first --test_examples test examples;
+  - greedy BLEU on the whole En→De validation split and on its first --test_examples test examples; each target's
+    validation BLEU beside the --paired_baseline target's (default the first) by paired bootstrap resampling
+    (`tasks.paired_bleu`: the difference, its 95% interval, the share of draws on which it is not worse);
   - greedy ROUGE on the first --test_examples summarization test examples;
   - `evaluation.target_confidence` (top-1 probability on its own greedy decodes) on the first
     --confidence_examples En→De validation inputs.
@@ -20,7 +22,7 @@ import argparse
 import datetime
 import os
 import sys
-from typing import Any, Dict, List, Mapping, Sequence
+from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from specdec import checkpoints  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -50,6 +52,8 @@ def parse_args(argv=None):
   parser.add_argument('--validation_examples', type=int, default=None,
                       help='En→De validation examples for BLEU (default: the whole split)')
   parser.add_argument('--confidence_examples', type=int, default=256)
+  parser.add_argument('--paired_baseline', default=None,
+                      help="a target's NAME: the others' validation BLEU against its, paired (default: the first)")
   parser.add_argument('--card', default=None,
                       help="a target's NAME: (re)write MODEL_CARD.md in its directory from these figures")
   args = parser.parse_args(argv)
@@ -66,16 +70,18 @@ def parse_args(argv=None):
   for flag in ('loss_examples', 'test_examples', 'confidence_examples'):
     if getattr(args, flag) < 1:
       parser.error(f'--{flag} must be >= 1, got {getattr(args, flag)}')
-  if args.card is not None and args.card not in targets:
-    parser.error(f'--card {args.card!r} is not one of the --targets names {sorted(targets)}')
+  for flag in ('card', 'paired_baseline'):
+    if getattr(args, flag) is not None and getattr(args, flag) not in targets:
+      parser.error(f'--{flag} {getattr(args, flag)!r} is not one of the --targets names {sorted(targets)}')
   for log in args.log or ():
     if not os.path.isfile(os.path.join(log, 'train_log.jsonl')):
       parser.error(f'--log {log}: no train_log.jsonl there')
   return args, targets
 
 
-def evaluate_target(path: str, args) -> Dict[str, Any]:
-  """The figures of one target (see the module docstring)."""
+def evaluate_target(path: str, args) -> Tuple[Dict[str, Any], Dict[str, List[str]]]:
+  """The figures of one target (see the module docstring), and its En→De validation decodes with their
+  references ({'predictions', 'targets'}) for the paired comparison."""
   module, params = loading.load_module_and_params(path)
   predict = models.SpeculativeEncoderDecoderModel(module, None, decode_fn=decoding.temperature_sample
                                                   ).compile_predict({'temperature': 0.0})
@@ -83,15 +89,45 @@ def evaluate_target(path: str, args) -> Dict[str, Any]:
   for key, task in TASKS.items():
     examples = evaluation.task_examples(task, 'validation', LENGTHS, args.loss_examples)
     out[f'{key}_validation_loss'] = evaluation.token_loss(module, params, examples, LENGTHS)
-  out['ende_validation'] = evaluation.decode_and_score(predict, {'target': params}, TASKS['ende'], 'validation',
-                                                       LENGTHS, max_examples=args.validation_examples)['metrics']
+  validation = evaluation.decode_and_score(predict, {'target': params}, TASKS['ende'], 'validation', LENGTHS,
+                                           max_examples=args.validation_examples)
+  out['ende_validation'] = validation['metrics']
   out['ende_test'] = evaluation.decode_and_score(predict, {'target': params}, TASKS['ende'], 'test', LENGTHS,
                                                  max_examples=args.test_examples)['metrics']
   out['summarize_test'] = evaluation.decode_and_score(predict, {'target': params}, TASKS['summarize'], 'test',
                                                       LENGTHS, max_examples=args.test_examples)['metrics']
   held_out = evaluation.task_examples(TASKS['ende'], 'validation', LENGTHS, args.confidence_examples)
   out['confidence'] = evaluation.target_confidence(module, params, held_out, LENGTHS)
-  return out
+  return out, {'predictions': validation['predictions'], 'targets': validation['targets']}
+
+
+def add_paired(results: Dict[str, Dict[str, Any]], decodes: Mapping[str, Mapping[str, List[str]]],
+               baseline: str) -> None:
+  """Each target's whole-split validation BLEU against `baseline`'s, paired (`tasks.paired_bleu`), as
+  results[name]['ende_validation_paired'] (the baseline's own is None)."""
+  base = decodes[baseline]
+  for name in results:
+    if name == baseline:
+      results[name]['ende_validation_paired'] = None
+      continue
+    if decodes[name]['targets'] != base['targets']:
+      raise ValueError(f'{name} and {baseline} were scored on different references.')
+    results[name]['ende_validation_paired'] = dict(
+        tasks.paired_bleu(base['targets'], base['predictions'], decodes[name]['predictions']), against=baseline)
+
+
+def paired_markdown(results: Mapping[str, Mapping[str, Any]]) -> List[str]:
+  rows = [(name, r['ende_validation_paired']) for name, r in results.items() if r.get('ende_validation_paired')]
+  if not rows:
+    return []
+  lines = ['', f"En→De validation BLEU against {rows[0][1]['against']}'s on the same examples, by paired bootstrap "
+           f"resampling ({rows[0][1]['n_samples']} draws of the examples with replacement; `tasks.paired_bleu`):", '',
+           '| target | BLEU | Δ BLEU | 95% interval of Δ | draws not worse |', '|---|---|---|---|---|']
+  for name, p in rows:
+    low, high = p['delta_ci95']
+    lines.append(f"| {name} | {p['candidate']:.2f} | {p['delta']:+.2f} | [{low:+.2f}, {high:+.2f}] | "
+                 f"{p['share_candidate_not_worse']:.1%} |")
+  return lines
 
 
 def compare_markdown(results: Mapping[str, Mapping[str, Any]], args, header: str) -> str:
@@ -112,7 +148,7 @@ def compare_markdown(results: Mapping[str, Mapping[str, Any]], args, header: str
         f"{r['ende_test']['bleu']:.1f} | {rouge['rouge1']:.1f} / {rouge['rouge2']:.1f} / {rouge['rougeLsum']:.1f} | "
         f"{r['confidence']['top1_median']:.2f} | {r['confidence']['share_top1_at_least_0.9']:.2f} | "
         f"{r['confidence']['entropy_mean_nats']:.2f} |")
-  return '\n'.join(lines) + '\n'
+  return '\n'.join(lines + paired_markdown(results)) + '\n'
 
 
 def learning_curve(model_dirs: Sequence[str]) -> Dict[str, Any]:
@@ -196,9 +232,11 @@ def main(argv=None):
   header = (f"`{command}` · {datetime.datetime.now().isoformat(timespec='seconds')} · {machine['processor']}, "
             f"{machine['cpu_count']} CPUs, jax {machine['jax']}")
   results: Dict[str, Any] = {}
+  decodes: Dict[str, Any] = {}
   for name, path in targets.items():
     print(f'evaluating {name} ({path})', flush=True)
-    results[name] = evaluate_target(path, args)
+    results[name], decodes[name] = evaluate_target(path, args)
+  add_paired(results, decodes, args.paired_baseline or next(iter(targets)))
   os.makedirs(args.out, exist_ok=True)
   fileio.write_json(os.path.join(args.out, 'compare.json'), {'command': command, 'machine': machine,
                                                             'targets': results})

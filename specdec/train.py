@@ -234,6 +234,25 @@ class _Progress:
 # -----------------------------------------------------------------------------
 
 
+def mixture_rate(data: train_config.DataConfig) -> tasks.MixtureRate:
+  """The local mixture's rate per task: equal, `task_rates` by name, or the task's train rows.
+
+  ValueError (before any work) for both equal_rates and task_rates, or task_rates that do
+  not name each local task once with a positive rate.
+  """
+  if not data.task_rates:
+    return 1.0 if data.equal_rates else tasks.rate_num_train_examples
+  if data.equal_rates:
+    raise ValueError('Give equal_rates or task_rates, not both.')
+  rates = dict(data.task_rates)
+  if sorted(rates) != sorted(tasks.LOCAL_TASKS):
+    raise ValueError(f'task_rates must name the local tasks {list(tasks.LOCAL_TASKS)}, got {sorted(rates)}.')
+  bad = {name: rate for name, rate in rates.items() if not float(rate) > 0}
+  if bad:
+    raise ValueError(f'task_rates must be positive, got {bad}.')
+  return lambda task: float(rates[task.name])
+
+
 def check_mesh_args(batch_size: int, num_partitions: int,
                     parameter_partitioning_dims: int, device_count: int) -> int:
   """The size of the 'data' mesh axis; ValueError for a layout that cannot be."""
@@ -450,9 +469,8 @@ class Trainer:
     data, partition, init = config.data, config.partitioning, config.init
     if data.corpus_dir is not None and not os.path.isdir(data.corpus_dir):
       raise FileNotFoundError(f'corpus_dir={data.corpus_dir!r} does not exist.')
-    if data.corpus_dir is not None or data.equal_rates:
-      tasks.register_local_tasks(
-          data.corpus_dir, mixture_rate=1.0 if data.equal_rates else tasks.rate_num_train_examples)
+    if data.corpus_dir is not None or data.equal_rates or data.task_rates:
+      tasks.register_local_tasks(data.corpus_dir, mixture_rate=mixture_rate(data))
     check_mesh_args(data.batch_size, partition.num_partitions,
                     partition.parameter_partitioning_dims, jax.device_count())
     if init.init_from_t5x and init.init_from_dir:
@@ -705,6 +723,7 @@ class Trainer:
         'divergence': config.distill.divergence if distilled else None,
         'corpus_dir': config.data.corpus_dir,
         'equal_rates': config.data.equal_rates,
+        'task_rates': dict(config.data.task_rates) if config.data.task_rates else None,
         'init_from_dir': config.init.init_from_dir,
         # What made the starting model, so a continuation that later replaces it keeps its history.
         'init_train': checkpoints.training_record(config.init.init_from_dir) if config.init.init_from_dir else None,

@@ -62,13 +62,16 @@ class DataConfig:
   as registered ($SPECDEC_CORPUS_DIR or data/corpus). `equal_rates`: the
   local mixture draws its tasks equally often, instead of in proportion to
   their train rows (e.g. a distillation corpus with 200,000 En->De rows and
-  30,000 summarization rows).
+  30,000 summarization rows). `task_rates` (instead): each local task's rate by
+  name, e.g. the real corpus's train rows, so that a corpus grown in one task
+  (scripts/build_self_training_corpus.py) draws its tasks as the real one did.
   """
   mixture_or_task_name: str = 'specdec_local_mix'
   feature_lengths: Mapping[str, int] = (('inputs', 128), ('targets', 64))
   batch_size: int = 32
   corpus_dir: Optional[str] = None
   equal_rates: bool = False
+  task_rates: Optional[Mapping[str, float]] = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -41,7 +41,8 @@ def test_arguments_are_checked(tmp_path):
   assert targets == {'a': str(target)} and args.validation_examples is None
   for bad in (['--targets', 'nameless'], ['--targets', f'a={target}', f'a={target}'],
               ['--targets', f'a={tmp_path / "missing"}'], ['--targets', f'a={target}', '--card', 'b'],
-              ['--targets', f'a={target}', '--log', str(tmp_path)], ['--targets', f'a={target}', '--test_examples', '0']):
+              ['--targets', f'a={target}', '--log', str(tmp_path)], ['--targets', f'a={target}', '--test_examples', '0'],
+              ['--targets', f'a={target}', '--paired_baseline', 'b']):
     with pytest.raises(SystemExit):
       compare_targets.parse_args(bad + ['--out', str(tmp_path / 'o')])
 
@@ -97,3 +98,18 @@ def test_the_card_lists_every_run_behind_a_continued_target(tmp_path):
   assert '1000 steps, 50.0 minutes' in card and 'in 2 run(s), initialised from `models/cpu_v2/target`' in card
   assert '`first`: steps 0→600, 30.0 min, from `models/cpu_v2/target`' in card
   assert f'`second`: steps 600→1000, 20.0 min, from `{target}`' in card
+
+
+def test_each_target_is_paired_against_the_baseline_on_the_same_references():
+  refs = ['Das ist ein Haus.', 'Ich bin hier.', 'Der Hund bellt laut.', 'Es regnet heute.'] * 10
+  worse = ['Das ist ein Haus.', 'Ich bin da.', 'Der Hund bellt.', 'Es regnet.'] * 10
+  results = {'real': _result('runs/real', 3.0, 0.0), 'self': _result('runs/self', 3.1, 0.0)}
+  decodes = {'real': {'predictions': worse, 'targets': refs}, 'self': {'predictions': refs, 'targets': refs}}
+  compare_targets.add_paired(results, decodes, 'real')
+  assert results['real']['ende_validation_paired'] is None
+  paired = results['self']['ende_validation_paired']
+  assert paired['against'] == 'real' and paired['candidate'] == pytest.approx(100.0) and paired['delta'] > 0
+  lines = compare_targets.paired_markdown(results)
+  assert "against real's" in lines[1] and lines[-1].startswith(f"| self | 100.00 | {paired['delta']:+.2f} | [")
+  with pytest.raises(ValueError, match='different references'):
+    compare_targets.add_paired(results, dict(decodes, self={'predictions': refs, 'targets': worse}), 'real')

@@ -352,3 +352,30 @@ def test_paper_tasks_with_mock_tfds(vocab):
   assert (seqio.get_mixture_or_task("specdec_wmt_ende").output_features[
       "targets"].vocabulary.sentencepiece_model_file
           == tasks.T5_DEFAULT_VOCAB_PATH)
+
+
+_REFS = ['Das ist ein Haus.', 'Ich bin hier.', 'Der Hund bellt laut.', 'Es regnet heute.'] * 30
+_WORSE = ['Das ist ein Haus.', 'Ich bin da.', 'Der Hund bellt.', 'Es regnet.'] * 30
+
+
+def test_paired_bleu_scores_each_system_as_bleu_does():
+  better = ['Das ist Haus.', 'Ich bin hier.', 'Der Hund bellt laut.', 'Es regnet heute.'] * 30
+  result = tasks.paired_bleu(_REFS, _WORSE, better, n_samples=200)
+  assert result['baseline'] == tasks.bleu(_REFS, _WORSE)['bleu']
+  assert result['candidate'] == tasks.bleu(_REFS, better)['bleu']
+  assert result['delta'] == result['candidate'] - result['baseline'] > 0
+  low, high = result['delta_ci95']
+  assert 0 < low < result['delta'] < high  # better on 90 of 120 examples, worse on 30
+  assert result['share_candidate_not_worse'] > 0.975
+
+
+def test_paired_bleu_of_a_system_against_itself_is_no_difference():
+  result = tasks.paired_bleu(_REFS, _WORSE, list(_WORSE), n_samples=200)
+  assert result['delta'] == 0.0
+  assert result['delta_ci95'] == [0.0, 0.0]
+  assert result['share_candidate_not_worse'] == 1.0
+
+
+def test_paired_bleu_needs_one_prediction_per_reference():
+  with pytest.raises(ValueError, match='one of each per example'):
+    tasks.paired_bleu(_REFS, _WORSE[:-1], _WORSE)

@@ -22,6 +22,7 @@ import os
 import shutil
 import time
 
+import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -1044,3 +1045,48 @@ def test_the_mixture_rates_follow_equal_rates(tmp_path, equal_rates):
     assert rates == ([1.0, 1.0] if equal_rates else rows)
   finally:
     tasks.register_local_tasks(corpus_dir=FIXTURE_CORPUS)
+
+
+def test_task_rates_set_each_tasks_rate_by_name(tmp_path):
+  """task_rates draws the tasks at the given rates, whatever their train rows."""
+  import seqio  # pylint: disable=g-import-not-at-top
+  rates_by_name = {tasks.LOCAL_TASKS[0]: 3.0, tasks.LOCAL_TASKS[1]: 1.0}
+  config = train_config.from_flat(str(tmp_path / 'm'), CFG, corpus_dir=FIXTURE_CORPUS,
+                                  task_rates=rates_by_name, batch_size=_batch_size())
+  try:
+    train.Trainer(config)
+    mixture = seqio.get_mixture_or_task(tasks.LOCAL_MIXTURE)
+    assert [mixture.get_rate(seqio.get_mixture_or_task(name)) for name in tasks.LOCAL_TASKS] == [3.0, 1.0]
+  finally:
+    tasks.register_local_tasks(corpus_dir=FIXTURE_CORPUS)
+
+
+@pytest.mark.parametrize('settings, message', [
+    ({'equal_rates': True, 'task_rates': {tasks.LOCAL_TASKS[0]: 1.0, tasks.LOCAL_TASKS[1]: 1.0}},
+     'equal_rates or task_rates, not both'),
+    ({'task_rates': {tasks.LOCAL_TASKS[0]: 1.0}}, 'must name the local tasks'),
+    ({'task_rates': {tasks.LOCAL_TASKS[0]: 1.0, tasks.LOCAL_TASKS[1]: 0.0}}, 'must be positive'),
+])
+def test_bad_task_rates_are_one_line_errors_before_any_work(tmp_path, settings, message):
+  config = train_config.from_flat(str(tmp_path / 'm'), CFG, batch_size=_batch_size(), **settings)
+  with pytest.raises(ValueError, match=message):
+    train.Trainer(config)
+  assert not os.path.exists(tmp_path / 'm')
+
+
+GIN_TRAIN_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'gin', 'train')
+
+
+@pytest.mark.parametrize('gin_file', sorted(f for f in os.listdir(GIN_TRAIN_DIR) if f.endswith('.gin')))
+def test_every_training_gin_file_parses_into_a_config(gin_file):
+  gin.clear_config()
+  try:
+    config = train.parse_config([f'--gin_file=train/{gin_file}', "--gin.MODEL_DIR='runs/m'"])
+  finally:
+    gin.clear_config()
+  assert config.model_dir == 'runs/m' and config.num_steps > 0
+  if gin_file == 'cpu_target_v3_self.gin':  # self-training draws its tasks at the real corpus's rates ...
+    assert config.data.task_rates == {tasks.ENDE_LOCAL_TASK: 99021, tasks.SUMMARIZE_LOCAL_TASK: 40722}
+  if gin_file.startswith('cpu_target_v3_self'):  # ... for as many steps, at the same settings, as its control
+    assert (config.num_steps, config.network_config.dropout_rate, config.init.init_from_dir) == (
+        800, 0.1, 'models/cpu_v3/target')
