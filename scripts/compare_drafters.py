@@ -87,8 +87,7 @@ def load_run_drafter(name: str, models_dir: str, target_params):
   vocabulary), so one head can be measured at several K.
   """
   drafter, _, vocab_file = name.partition('@')
-  path = drafter if os.path.isdir(drafter) else os.path.join(models_dir, drafter)
-  module, params, vocab_ids = loading.load_drafter(path, target_params)
+  module, params, vocab_ids = loading.load_drafter(loading.model_path(drafter, models_dir), target_params)
   if vocab_file:
     vocab_ids = draft_vocab.load_ids(vocab_file, vocab_size=module.config.vocab_size)
   return module, params, vocab_ids

@@ -41,14 +41,10 @@ TASKS = {'ende': (tasks.ENDE_LOCAL_TASK, {'inputs': 96, 'targets': 48}),
          'summarize': (tasks.SUMMARIZE_LOCAL_TASK, {'inputs': 96, 'targets': 48})}
 
 
-def _model_dir(name: str, models_dir: str) -> str:
-  return name if os.path.isdir(name) else os.path.join(models_dir, name)
-
-
 def profile(args) -> dict:
-  target_module, target_params = loading.load_module_and_params(_model_dir(args.target, args.models))
-  drafter_module, drafter_params, draft_vocab_ids = loading.load_drafter(_model_dir(args.drafter, args.models),
-                                                                         target_params)
+  target_module, target_params = loading.load_module_and_params(loading.model_path(args.target, args.models))
+  drafter_dir = loading.model_path(args.drafter, args.models)
+  drafter_module, drafter_params, draft_vocab_ids = loading.load_drafter(drafter_dir, target_params)
   task_name, lengths = TASKS[args.task]
   lengths = dict(lengths, targets=args.targets_length or lengths['targets'])
   examples = evaluation.task_examples(task_name, 'test', lengths, args.examples * args.batch_size)

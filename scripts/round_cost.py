@@ -64,8 +64,7 @@ def measure(args) -> dict:
     token_s = profiling.pooled_step_cost(baseline)
     decoded_l = np.asarray(base.compile_predict(sampling)(base_params, batches[0])[0])[0]
     for drafter, gamma in args.runs:
-      drafter_module, drafter_params, vocab_ids = loading.load_drafter(os.path.join(args.models, drafter)
-                                                                       if not os.path.isdir(drafter) else drafter,
+      drafter_module, drafter_params, vocab_ids = loading.load_drafter(loading.model_path(drafter, args.models),
                                                                        target_params)
       spec = models.SpeculativeEncoderDecoderModel(target_module, drafter_module,
                                                    decode_fn=decoding.speculative_sample, draft_vocab_ids=vocab_ids)

@@ -19,6 +19,19 @@ from specdec import network
 from specdec import ngram
 
 
+def model_path(name: str, models_dir: str) -> str:
+  """A model given on a command line: `name` where it is a directory, else `models_dir`/`name`.
+
+  FileNotFoundError (one line) when neither is a directory, before anything is read.
+  """
+  if fileio.isdir(name):
+    return name
+  path = fileio.join(models_dir, name)
+  if not fileio.isdir(path):
+    raise FileNotFoundError(f'{name!r} is neither a model directory nor a model in {models_dir}.')
+  return path
+
+
 def load_module_and_params(directory: str) -> Tuple[Any, Any]:
   """(flax module, float32 params) for any shipped model directory.
 

@@ -98,3 +98,13 @@ def test_draft_vocab_ids_of_any_directory(params, tmp_path):
   assert loading.draft_vocab_ids(None) is None
   with pytest.raises(ValueError, match='another target'):
     loading.draft_vocab_ids(str(tmp_path / 'head'), jax.tree_util.tree_map(lambda x: x + 1.0, params))
+
+
+def test_model_path_takes_a_directory_or_a_name_in_the_models_dir(tmp_path):
+  (tmp_path / 'models' / 'bigram').mkdir(parents=True)
+  (tmp_path / 'elsewhere').mkdir()
+  models = str(tmp_path / 'models')
+  assert loading.model_path('bigram', models) == os.path.join(models, 'bigram')
+  assert loading.model_path(str(tmp_path / 'elsewhere'), models) == str(tmp_path / 'elsewhere')
+  with pytest.raises(FileNotFoundError, match=r"'trigram' is neither a model directory nor a model in .*models"):
+    loading.model_path('trigram', models)
