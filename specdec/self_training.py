@@ -17,6 +17,14 @@ Validation and test splits, and every other task, are the real corpus's,
 unchanged, so a target trained on the mix is scored on what every other target
 is. A pseudo-pair whose input leaks into a held-out split (text, first words,
 source or binary package: ``distill_pool.leakage_overlaps``) is refused.
+
+``noised`` is the input noise of noisy self-training (He et al. 2020, after
+Lample et al. 2018): each word dropped with probability ``drop`` (one is
+always kept), then the words shuffled locally, none moving more than
+``shuffle_k`` places. The model learns to give its clean decode of an input
+from a perturbed one, which He et al. found is what makes self-training help
+rather than reinforce the model's own mistakes. Only pseudo-pairs' inputs are
+noised (``clean_inputs`` keeps the original); real pairs are left as they are.
 """
 
 import random
@@ -83,6 +91,25 @@ def mix_train_rows(real_rows: Sequence[Mapping[str, object]],
   rows = [dict(r, provenance=REAL) for r in real_rows] + [dict(p) for p in sample[:max_decodes]]
   rng.shuffle(rows)
   return rows
+
+
+def noised(text: str, rng: random.Random, drop: float = 0.1, shuffle_k: int = 3) -> str:
+  """`text` with each word dropped with probability `drop` (at least one kept), then shuffled locally (no word
+  moves more than `shuffle_k` places: Lample et al. 2018's sort of i + U(0, k + 1))."""
+  if not 0.0 <= drop < 1.0 or shuffle_k < 0:
+    raise ValueError(f'noise needs 0 <= drop < 1 and shuffle_k >= 0, got drop={drop}, shuffle_k={shuffle_k}.')
+  words = text.split()
+  kept = [w for w in words if rng.random() >= drop] or ([rng.choice(words)] if words else [])
+  keys = [i + rng.uniform(0, shuffle_k + 1) if shuffle_k else i for i in range(len(kept))]
+  return ' '.join(w for _, w in sorted(zip(keys, kept), key=lambda kw: kw[0]))
+
+
+def noise_inputs(pairs: Sequence[Mapping[str, object]], seed: int, drop: float = 0.1,
+                 shuffle_k: int = 3) -> List[Dict[str, object]]:
+  """`pairs` with noised inputs (`noised`, seeded), each keeping its original in `clean_inputs`."""
+  rng = random.Random(seed)
+  return [dict(p, inputs=noised(str(p['inputs']), rng, drop, shuffle_k), clean_inputs=p['inputs'])
+          for p in pairs]
 
 
 def provenance_counts(rows: Sequence[Mapping[str, object]]) -> Dict[str, int]:

@@ -2,6 +2,7 @@
 scripts/build_self_training_corpus.py on a fixture corpus."""
 
 import json
+import random
 import os
 import shutil
 import sys
@@ -87,6 +88,13 @@ def test_the_script_writes_the_mix_and_copies_everything_else(tmp_path):
     if rel != 'translate_en_de/train.jsonl':
       assert (out / rel).read_bytes() == (real / rel).read_bytes()
   assert not (tmp_path / 'self.partial').exists()
+  assert manifest['input_noise'] == {'drop': 0.0, 'shuffle_k': 0}
+  noisy = tmp_path / 'noisy'
+  build_self_training_corpus.main(['--real', str(real), '--decodes', str(decodes), '--out', str(noisy),
+                                   '--max_decodes', '3', '--noise_drop', '0.2', '--noise_shuffle_k', '2'])
+  rows = fileio.read_jsonl(str(noisy / 'translate_en_de' / 'train.jsonl'))
+  assert all(('clean_inputs' in r) == (r['provenance'] != 'real') for r in rows)
+  assert json.loads((noisy / 'manifest.json').read_text())['input_noise'] == {'drop': 0.2, 'shuffle_k': 2}
   with pytest.raises(SystemExit):  # exists: refused without --overwrite
     build_self_training_corpus.main(['--real', str(real), '--decodes', str(decodes), '--out', str(out),
                                      '--max_decodes', '3'])
@@ -101,3 +109,30 @@ def test_the_script_refuses_decodes_that_name_no_model_before_writing(tmp_path):
     build_self_training_corpus.main(['--real', str(real), '--decodes', str(decodes), '--out',
                                      str(tmp_path / 'self'), '--max_decodes', '3'])
   assert not (tmp_path / 'self').exists()
+
+
+def test_noise_drops_words_and_moves_none_more_than_k_places():
+  rng = random.Random(0)
+  words = [f'w{i}' for i in range(40)]
+  dropped = 0
+  for _ in range(200):
+    out = self_training.noised(' '.join(words), rng, drop=0.1, shuffle_k=3).split()
+    kept = [w for w in words if w in out]
+    dropped += len(words) - len(out)
+    assert sorted(out, key=words.index) == kept  # a subset, each word once
+    assert all(abs(out.index(w) - kept.index(w)) <= 3 for w in out)
+  assert 0.08 < dropped / (200 * 40) < 0.12  # 8,000 draws of p = 0.1: sd 0.0034
+  assert self_training.noised('a b c d', rng, drop=0.0, shuffle_k=0) == 'a b c d'
+  assert self_training.noised('alone', rng, drop=0.99, shuffle_k=3) == 'alone'  # one word is always kept
+  with pytest.raises(ValueError, match='noise needs'):
+    self_training.noised('a b', rng, drop=1.0)
+
+
+def test_noised_pairs_keep_their_clean_input_and_are_seeded():
+  pairs = [dict(_row(f'one two three four five six {i}', f'eins {i}'), provenance='decode:' + MODEL)
+           for i in range(10)]
+  noisy = self_training.noise_inputs(pairs, seed=1)
+  assert [p['clean_inputs'] for p in noisy] == [p['inputs'] for p in pairs]
+  assert [p['targets'] for p in noisy] == [p['targets'] for p in pairs]
+  assert noisy == self_training.noise_inputs(pairs, seed=1)
+  assert [p['inputs'] for p in noisy] != [p['inputs'] for p in pairs]
