@@ -88,9 +88,17 @@ def learning_rate_schedule(step, peak: float = 0.01, warmup_steps: int = 500):
   return peak * warm * decay
 
 
-def constant_learning_rate(step, value: float = 1e-3):
-  """`value` at every step: T5X's fine-tuning schedule (finetune.gin: 'constant', 1e-3)."""
-  return jnp.full(jnp.shape(step), value, jnp.float32)
+def constant_learning_rate(step, value: float = 1e-3, warmup_steps: int = 0):
+  """`value` at every step: T5X's fine-tuning schedule (finetune.gin: 'constant', 1e-3).
+
+  With `warmup_steps`, a linear ramp to `value` over the first steps. A run that continues an export starts
+  with a fresh optimizer state; at the full rate from step 0, each continuation of the v3 target lost ground
+  for its first ~1,000 steps before it gained (results/target_v3/curve.md).
+  """
+  rate = jnp.full(jnp.shape(step), value, jnp.float32)
+  if warmup_steps:
+    rate = rate * jnp.minimum(1.0, (jnp.asarray(step, jnp.float32) + 1) / warmup_steps)
+  return rate
 
 
 # make_optimizer(schedule=...) -> the schedule function (each gin-configurable).

@@ -517,6 +517,10 @@ class TestConstantLearningRate:
     assert float(train.constant_learning_rate(10**6, value=0.5)) == 0.5
     assert float(jax.jit(train.constant_learning_rate)(jnp.int32(7))) == pytest.approx(1e-3)
 
+  def test_warmup_ramps_linearly_to_the_value(self):
+    rates = [float(train.constant_learning_rate(jnp.int32(s), value=1e-3, warmup_steps=4)) for s in range(6)]
+    assert rates == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 1e-3])
+
   @pytest.mark.parametrize('name', ['adafactor', 'adamw'])
   def test_optimizer_uses_it(self, name):
     opt = train.make_optimizer(name, schedule='constant', clip_norm=None)
