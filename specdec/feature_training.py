@@ -236,6 +236,7 @@ class FeatureHeadTrainer(train.Trainer):
     train_record = {
         'step': step, 'mixture_or_task_name': config.data.mixture_or_task_name,
         'corpus_dir': config.data.corpus_dir, 'equal_rates': config.data.equal_rates,
+        'task_rates': dict(config.data.task_rates) if config.data.task_rates else None,
         'target_dir': section.target_dir,
         'loss': {'ce_weight': section.ce_weight, 'feature_weight': section.feature_weight,
                  'unroll_steps': section.unroll_steps, 'step_decay': section.step_decay},

@@ -111,7 +111,7 @@ def test_export_is_a_loadable_head_with_its_card(first_run, target_dir):
   card = open(os.path.join(export, 'MODEL_CARD.md')).read()
   assert f'{STEPS} steps' in card and '4097 tokens' in card
   assert 'Initialised from: `random`' in card and 'drawn equally often' not in card
-  assert meta['train']['equal_rates'] is False
+  assert meta['train']['equal_rates'] is False and meta['train']['task_rates'] is None
   _, target_params = checkpoints.load_compact(target_dir)
   feature_drafter.check_made_for(meta, target_params, export)
   other = jax.tree_util.tree_map(lambda x: x + 1.0, target_params)
