@@ -27,6 +27,7 @@ rather than reinforce the model's own mistakes. Only pseudo-pairs' inputs are
 noised (``clean_inputs`` keeps the original); real pairs are left as they are.
 """
 
+import collections
 import random
 from typing import Dict, List, Mapping, Sequence, Tuple
 
@@ -113,7 +114,5 @@ def noise_inputs(pairs: Sequence[Mapping[str, object]], seed: int, drop: float =
 
 
 def provenance_counts(rows: Sequence[Mapping[str, object]]) -> Dict[str, int]:
-  counts: Dict[str, int] = {}
-  for row in rows:
-    counts[str(row['provenance'])] = counts.get(str(row['provenance']), 0) + 1
-  return dict(sorted(counts.items()))
+  """Rows per `provenance`, sorted by it."""
+  return dict(sorted(collections.Counter(str(row['provenance']) for row in rows).items()))
