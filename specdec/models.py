@@ -59,6 +59,19 @@ def _raise_if_outside_vocab(any_outside, key: str, vocab_size: int) -> None:
                      + ' (checked inside the compiled function).')
 
 
+def _host_id_range(x) -> Tuple[int, int]:
+  """(min, max) of the ids this process holds: all of `x`, or (a multi-host global array) its addressable shards.
+
+  On multi-host each process loads its own rows of a batch (`partitioning.global_batch`) and can read only
+  those; each checks what it loaded.
+  """
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    parts = [np.asarray(shard.data) for shard in x.addressable_shards]
+  else:
+    parts = [np.asarray(x)]
+  return min(int(p.min()) for p in parts), max(int(p.max()) for p in parts)
+
+
 class SpeculativeEncoderDecoderModel:
   """A target network, a drafter network and a decode function.
 
@@ -181,8 +194,8 @@ class SpeculativeEncoderDecoderModel:
               functools.partial(_raise_if_outside_vocab, key=key, vocab_size=vocab_size),
               jnp.any((x < 0) | (x >= vocab_size)))
         continue
-      x = np.asarray(x)
-      if x.min() < 0 or x.max() >= vocab_size:
+      lowest, highest = _host_id_range(x)
+      if lowest < 0 or highest >= vocab_size:
         raise ValueError(_outside_vocab_message(key, vocab_size) + '.')
 
   # -------------------------------------------------------------------------

@@ -480,8 +480,23 @@ def to_host(tree: PyTree) -> PyTree:
 # -----------------------------------------------------------------------------
 
 MULTIHOST_ENV = 'SPECDEC_MULTIHOST'
+# jax.distributed reads JAX_COORDINATOR_ADDRESS itself; these two complete it where no cluster
+# environment (Slurm, MPI, Cloud TPU metadata) tells JAX the process count and this process's id,
+# e.g. several processes started by hand on one machine or across plain VMs.
+NUM_PROCESSES_ENV = 'JAX_NUM_PROCESSES'
+PROCESS_ID_ENV = 'JAX_PROCESS_ID'
 # Process counts set by launchers (Slurm, Open MPI, MPICH/PMI).
 _PROCESS_COUNT_ENVS = ('SLURM_NTASKS', 'OMPI_COMM_WORLD_SIZE', 'PMI_SIZE')
+
+
+def _int_env(name: str) -> Optional[int]:
+  """The non-negative int in environment variable `name`, or None if unset; ValueError otherwise."""
+  value = os.environ.get(name)
+  if value is None or value == '':
+    return None
+  if not value.strip().isdigit():
+    raise ValueError(f'{name}={value!r}: expected a non-negative integer.')
+  return int(value)
 
 
 def _env_says_multihost(coordinator_address: Optional[str],
@@ -496,6 +511,8 @@ def _env_says_multihost(coordinator_address: Optional[str],
     raise ValueError(f'{MULTIHOST_ENV}={flag!r}: use 1 or 0.')
   if num_processes is not None:
     return num_processes > 1
+  if _int_env(NUM_PROCESSES_ENV) is not None:
+    return _int_env(NUM_PROCESSES_ENV) > 1
   if coordinator_address or env.get('JAX_COORDINATOR_ADDRESS'):
     return True
   for name in _PROCESS_COUNT_ENVS:
@@ -517,10 +534,13 @@ def initialize_multihost(coordinator_address: Optional[str] = None,
   Call it before any other JAX work. `enabled=None` decides from the
   environment: SPECDEC_MULTIHOST=1/0 forces it; else multi-host means
   num_processes > 1, a coordinator address (argument or
-  JAX_COORDINATOR_ADDRESS), a launcher's process count > 1 (SLURM_NTASKS,
-  OMPI_COMM_WORLD_SIZE, PMI_SIZE) or several TPU_WORKER_HOSTNAMES. Cloud TPU
-  VM pod slices that set none of these: pass enabled=True (or set
-  SPECDEC_MULTIHOST=1) and JAX finds the workers from TPU metadata. A
+  JAX_COORDINATOR_ADDRESS), JAX_NUM_PROCESSES > 1, a launcher's process
+  count > 1 (SLURM_NTASKS, OMPI_COMM_WORLD_SIZE, PMI_SIZE) or several
+  TPU_WORKER_HOSTNAMES. Cloud TPU VM pod slices that set none of these: pass
+  enabled=True (or set SPECDEC_MULTIHOST=1) and JAX finds the workers from
+  TPU metadata. Elsewhere (processes started by hand) give every process
+  JAX_COORDINATOR_ADDRESS=host:port of process 0, JAX_NUM_PROCESSES and its
+  own JAX_PROCESS_ID (0 ... N-1), used where the arguments are None. A
   single process is a no-op (JAX sees its local devices without it), as is
   a second call.
   """
@@ -532,6 +552,10 @@ def initialize_multihost(coordinator_address: Optional[str] = None,
   is_initialized = getattr(jax.distributed, 'is_initialized', None)
   if is_initialized is not None and is_initialized():
     return False
+  if num_processes is None:
+    num_processes = _int_env(NUM_PROCESSES_ENV)
+  if process_id is None:
+    process_id = _int_env(PROCESS_ID_ENV)
   kwargs = dict(coordinator_address=coordinator_address,
                 num_processes=num_processes, process_id=process_id,
                 local_device_ids=local_device_ids)

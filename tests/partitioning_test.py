@@ -182,6 +182,7 @@ class TestMultihost:
   @pytest.fixture(autouse=True)
   def clean_env(self, monkeypatch):
     for name in ('SPECDEC_MULTIHOST', 'JAX_COORDINATOR_ADDRESS',
+                 'JAX_NUM_PROCESSES', 'JAX_PROCESS_ID',
                  'SLURM_NTASKS', 'OMPI_COMM_WORLD_SIZE', 'PMI_SIZE',
                  'TPU_WORKER_HOSTNAMES'):
       monkeypatch.delenv(name, raising=False)
@@ -223,6 +224,32 @@ class TestMultihost:
     assert partitioning.initialize_multihost('h:1234', 2, 1)
     assert self.calls == [dict(coordinator_address='h:1234', num_processes=2,
                                process_id=1)]
+
+  def test_process_count_and_id_from_env(self, monkeypatch):
+    # Processes started by hand: JAX reads the coordinator address itself, not these two.
+    monkeypatch.setenv('JAX_COORDINATOR_ADDRESS', '127.0.0.1:1234')
+    monkeypatch.setenv('JAX_NUM_PROCESSES', '2')
+    monkeypatch.setenv('JAX_PROCESS_ID', '1')
+    assert partitioning.initialize_multihost()
+    assert self.calls == [dict(num_processes=2, process_id=1)]
+
+  def test_arguments_win_over_env(self, monkeypatch):
+    monkeypatch.setenv('JAX_NUM_PROCESSES', '2')
+    monkeypatch.setenv('JAX_PROCESS_ID', '1')
+    assert partitioning.initialize_multihost('h:1', 4, 3)
+    assert self.calls == [dict(coordinator_address='h:1', num_processes=4, process_id=3)]
+
+  def test_one_process_from_env_is_single_host(self, monkeypatch):
+    monkeypatch.setenv('JAX_NUM_PROCESSES', '1')
+    monkeypatch.setenv('JAX_COORDINATOR_ADDRESS', '127.0.0.1:1234')
+    assert not partitioning.initialize_multihost()
+    assert self.calls == []
+
+  @pytest.mark.parametrize('name', ['JAX_NUM_PROCESSES', 'JAX_PROCESS_ID'])
+  def test_bad_process_env(self, monkeypatch, name):
+    monkeypatch.setenv(name, 'two')
+    with pytest.raises(ValueError, match=f"{name}='two': expected a non-negative integer"):
+      partitioning.initialize_multihost(enabled=True)
 
   def test_already_initialized(self, monkeypatch):
     monkeypatch.setattr(jax.distributed, 'is_initialized', lambda: True,
