@@ -53,6 +53,7 @@ from specdec import benchmark
 from specdec import decoding
 from specdec import fileio
 from specdec import hf_export
+from specdec import import_order
 from specdec import models
 from specdec import network
 from specdec import peers_report
@@ -70,6 +71,7 @@ CALL_KINDS = peers_report.CALL_KINDS
 
 def require_peers():
   """(torch, transformers), or an ImportError saying how to install them."""
+  import_order.check_triton_loadable('torch and transformers')
   try:
     import torch  # pylint: disable=g-import-not-at-top
     import transformers  # pylint: disable=g-import-not-at-top

@@ -18,7 +18,12 @@ of its time:
 import os
 import tempfile
 
-from specdec import xla_flags
+# The `[test]` extra installs libtpu (the TPU compile checks use its compiler): without this, JAX would look for a
+# TPU at start-up on every machine, print errors where there is none, and hand the profiler a TPU plugin that
+# leaves CPU traces empty. TPU topologies still compile with it set.
+os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+
+from specdec import xla_flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 if os.environ.get('SPECDEC_TEST_XLA_OPT', '0') != 'default':
   os.environ['XLA_FLAGS'] = xla_flags.fast_compile(os.environ.get('XLA_FLAGS', ''))
