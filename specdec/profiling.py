@@ -613,9 +613,37 @@ def _computations(hlo_text: str) -> Dict[str, str]:
   return out
 
 
+_CALL = re.compile(r'\scall\(.*?\bto_apply=%?([\w.\-]+)')
+
+
+def _is_scatter_expansion(line: str) -> bool:
+  op_name = re.search(r'op_name="([^"]*)"', line)
+  return op_name is not None and op_name.group(1).endswith('/scatter')
+
+
+def _inlined_lines(computation: str, comps: Mapping[str, str], skip_scatter_loops: bool = False,
+                   depth: int = 0) -> List[str]:
+  """A computation's instruction lines with each `call` replaced by its callee's lines, recursively.
+
+  A call runs its callee inline, so what it holds belongs to the caller's body: newer XLA (jax 0.12) wraps a
+  nested `while` in a computation of its own that the loop body calls, where older XLA left the `while` in the
+  body itself. Fusions stay one line each (one kernel). `skip_scatter_loops` keeps a call of an expanded scatter
+  (see `loop_body_ops`) as one line: the program wrote one scatter there, not a loop.
+  """
+  out = []
+  for line in comps.get(computation, '').splitlines():
+    called = _CALL.search(line) if depth < 16 else None
+    if called is not None and called.group(1) in comps and not (skip_scatter_loops
+                                                                 and _is_scatter_expansion(line)):
+      out.extend(_inlined_lines(called.group(1), comps, skip_scatter_loops, depth + 1))
+    else:
+      out.append(line)
+  return out
+
+
 def loop_body_ops(hlo_text: str, skip_scatter_loops: bool = False) -> Dict[str, Dict[str, int]]:
-  """Per `while` loop of a compiled module: instruction counts by opcode in its body (nested calls and
-  fusion bodies not expanded: each fusion is one kernel), largest body first.
+  """Per `while` loop of a compiled module: instruction counts by opcode in its body (calls expanded into
+  their callees' instructions; fusion bodies not expanded: each fusion is one kernel), largest body first.
 
   `skip_scatter_loops` leaves out the loops XLA made of a single scatter (its op_name ends in `/scatter`): a
   backend without a native scatter kernel for it (e.g. XLA:CPU with its older elementwise code generator)
@@ -627,13 +655,12 @@ def loop_body_ops(hlo_text: str, skip_scatter_loops: bool = False) -> Dict[str, 
     found = re.search(r'\bwhile\(.*?body=%?([\w.\-]+)', line)
     if found is None:
       continue
-    op_name = re.search(r'op_name="([^"]*)"', line)
-    if skip_scatter_loops and op_name is not None and op_name.group(1).endswith('/scatter'):
+    if skip_scatter_loops and _is_scatter_expansion(line):
       continue
     bodies.append(found.group(1))
   out = {}
   for body in dict.fromkeys(bodies):
-    ops = collections.Counter(_INSTRUCTION.findall(comps.get(body, '')))
+    ops = collections.Counter(_INSTRUCTION.findall('\n'.join(_inlined_lines(body, comps, skip_scatter_loops))))
     out[body] = dict(ops.most_common())
   return dict(sorted(out.items(), key=lambda kv: -sum(kv[1].values())))
 
@@ -688,7 +715,7 @@ def loop_kernels_by_origin(hlo_text: str) -> Dict[str, Dict[str, int]]:
     return {}
   comps = _computations(hlo_text)
   out: Dict[str, Dict[str, int]] = {}
-  for line in comps[next(iter(loops))].splitlines():
+  for line in _inlined_lines(next(iter(loops)), comps, skip_scatter_loops=True):
     found = _INSTRUCTION.match(line)
     if found is None or found.group(1) in _TRIVIAL:
       continue

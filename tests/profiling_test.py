@@ -174,6 +174,24 @@ def test_loop_body_ops_can_leave_out_scatter_expansions():
   assert list(profiling.loop_body_ops(written, skip_scatter_loops=True)) == ['body.1']
 
 
+def test_loop_body_ops_counts_what_a_called_computation_holds():
+  """Newer XLA wraps a nested `while` in a computation the loop body `call`s: its ops are the body's."""
+  inner = HLO.replace('%body.1 (', '%inner_body (').replace('%cond.1 (', '%inner_cond (')
+  inner = inner.split('ENTRY')[0].replace('%fused (', '%inner_fused (').replace('calls=%fused', 'calls=%inner_fused')
+  wrapped = HLO.replace('ENTRY', inner + """%inner_loop (a: (s32[], f32[4])) -> (s32[], f32[4]) {
+  %a = (s32[], f32[4]{0}) parameter(0)
+  ROOT %w2 = (s32[], f32[4]{0}) while(%a), condition=%inner_cond, body=%inner_body
+}
+
+ENTRY""").replace('  ROOT %t = (s32[], f32[4]{0}) tuple(%i, %d)', """  %t0 = (s32[], f32[4]{0}) tuple(%i, %d)
+  %cl = (s32[], f32[4]{0}) call(%t0), to_apply=%inner_loop
+  ROOT %t = (s32[], f32[4]{0}) tuple(%i, %d)""")
+  ops = profiling.loop_body_ops(wrapped)
+  assert ops['body.1'].get('call', 0) == 0 and ops['body.1']['while'] == 1
+  assert profiling.hlo_summary(ops['body.1'])['kernels'] == 4  # fusion, copy, dot and the nested while
+  assert ops['inner_body']['fusion'] == 1
+
+
 def test_compiled_loop_facts_sees_the_decode_loops(pair):
   (tm, tp), (dm, dp) = pair
   batch = _batch()
