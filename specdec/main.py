@@ -37,6 +37,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -191,15 +192,39 @@ def local_output_dir(output_dir: str):
 
   Local paths are used as they are. For a remote one (gs://, e.g. on Cloud TPU) results are written to a local
   directory that starts from the remote one's contents (so a rerun resumes) and is copied back at the end,
-  also when the run fails part-way; on a multi-host run only process 0 copies.
+  also when the run fails part-way. On a multi-host run only process 0 writes the results: every other process
+  works in a private copy of the directory, taken before process 0 writes anything (so that every process
+  resumes the same way and decodes the same batches in step), and discarded at the end.
   """
-  if not fileio.is_url(output_dir):
-    os.makedirs(output_dir, exist_ok=True)
+  if fileio.is_url(output_dir):
+    with _remote_output_dir(output_dir) as local:
+      yield local
+    return
+  os.makedirs(output_dir, exist_ok=True)
+  if jax.process_count() == 1:
     yield output_dir
     return
+  with contextlib.ExitStack() as stack:
+    local = output_dir
+    if jax.process_index():
+      local = stack.enter_context(tempfile.TemporaryDirectory(prefix='specdec_output_'))
+      shutil.copytree(output_dir, local, dirs_exist_ok=True)
+    _all_processes_reach('specdec.main.local_output_dir')
+    yield local
+
+
+def _all_processes_reach(name: str) -> None:
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  multihost_utils.sync_global_devices(name)
+
+
+@contextlib.contextmanager
+def _remote_output_dir(output_dir: str):
+  """`local_output_dir` of a gs:// directory: only process 0 copies the results back."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  # One local directory per process: processes that share a machine must not write into each other's.
   local = os.path.join(tempfile.gettempdir(), 'specdec_output',
-                       hashlib.sha256(output_dir.encode()).hexdigest()[:16])
+                       hashlib.sha256(output_dir.encode()).hexdigest()[:16] + f'-{jax.process_index()}')
   os.makedirs(local, exist_ok=True)
   if tf.io.gfile.exists(output_dir):
     _copy_tree(output_dir, local)
