@@ -382,11 +382,19 @@ def compile_decoders(models: ModelPair, vocab, setting: Setting, mesh=None) -> D
     base_predict = baseline.compile_predict(setting.decoder_params())
     spec_predict = speculative.compile_predict(spec_decoder_params)
   else:
-    base_predict = sharded_decoding.compile_predict_sharded(baseline, mesh, decoder_params=setting.decoder_params())
-    spec_predict = sharded_decoding.compile_predict_sharded(speculative, mesh, decoder_params=spec_decoder_params)
+    base_predict, spec_predict = sharded_decoders(models, vocab, setting, mesh)
     params = spec_predict.shard_params(params)
     base_params = {'target': params['target']}
   return Decoders(base_predict, spec_predict, base_params, params, baseline.eos_id)
+
+
+def sharded_decoders(models: ModelPair, vocab, setting: Setting, mesh
+                     ) -> Tuple[sharded_decoding.ShardedPredictor, sharded_decoding.ShardedPredictor]:
+  """(baseline, speculative) predictors of `setting` over `mesh`, before any params are placed (the TPU compile
+  check lowers them for abstract params: `tpu_programs`). Reads only the modules and draft vocabulary of `models`."""
+  baseline, speculative = _models(models.target_module, models.drafter_module, vocab, models.draft_vocab_ids)
+  return (sharded_decoding.compile_predict_sharded(baseline, mesh, decoder_params=setting.decoder_params()),
+          sharded_decoding.compile_predict_sharded(speculative, mesh, decoder_params=setting.speculative_params()))
 
 
 def _time_batches(models: ModelPair, data: TaskSplit, setting: Setting, decoders: Decoders, vocab, examples,

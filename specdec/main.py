@@ -584,14 +584,11 @@ def _exit_with_one_line(message: str, status: int, hint: str = '') -> None:
   raise SystemExit(status)
 
 
-def _main(argv: Sequence[str]) -> None:
-  if '-h' in argv or '--help' in argv:
-    files, _, _ = gin_utils.split_gin_args([a for a in argv if a not in ('-h', '--help')])
-    try:
-      print(help_text(files or [DEFAULT_GIN_FILE]), flush=True)
-    except BrokenPipeError:  # `--help | head`: the reader has what it wanted
-      os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    return
+def parse_command_line(argv: Sequence[str]) -> bool:
+  """Parses a launch's gin files and bindings (--gin_file, --gin.NAME=VALUE) into gin; returns --multihost.
+
+  UsageError (one line) for an unknown argument, a missing gin file or a malformed binding.
+  """
   try:
     files, bindings, rest = gin_utils.split_gin_args(argv)
   except ValueError as e:
@@ -605,6 +602,24 @@ def _main(argv: Sequence[str]) -> None:
     gin_utils.parse(files or [DEFAULT_GIN_FILE], bindings, renamed=run_config.FORMER_RUN_PARAMETERS)
   except FileNotFoundError as e:
     raise UsageError(str(e)) from None
+  return multihost
+
+
+def configured_run_config() -> run_config.RunConfig:
+  """The `RunConfig` the parsed gin files hand `run`, built but not run (normalized; the TPU compile check
+  compiles what it describes)."""
+  return run_config.normalized(gin.query_parameter('specdec.main.run.config').scoped_configurable_fn())
+
+
+def _main(argv: Sequence[str]) -> None:
+  if '-h' in argv or '--help' in argv:
+    files, _, _ = gin_utils.split_gin_args([a for a in argv if a not in ('-h', '--help')])
+    try:
+      print(help_text(files or [DEFAULT_GIN_FILE]), flush=True)
+    except BrokenPipeError:  # `--help | head`: the reader has what it wanted
+      os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return
+  multihost = parse_command_line(argv)
   if multihost:
     partitioning.initialize_multihost(enabled=True)
   # The gin files register this module's `run` (dynamic registration); its configurable carries the bindings.

@@ -174,6 +174,22 @@ class ShardedPredictor:
         params, batch, rng, decoder_params=decoder_params,
         **self._predict_kwargs)
 
+  def _jit_for(self, params, batch, rng, traced_temperature: bool):
+    """The jitted predict for these shapes (arrays or ShapeDtypeStructs)."""
+    key = (_signature(params), _signature(batch),
+           None if rng is None else _signature(rng), not traced_temperature)
+    if key not in self._jitted:
+      replicated = NamedSharding(self.mesh, PartitionSpec())
+      batch_size = batch['encoder_input_tokens'].shape[0]
+      self._jitted[key] = jax.jit(
+          self._predict,
+          in_shardings=(self.param_shardings(params),
+                        self.batch_shardings(batch),
+                        None if rng is None else replicated,
+                        replicated if traced_temperature else None),
+          out_shardings=self.output_sharding(batch_size))
+    return self._jitted[key]
+
   def _compiled_and_args(self, params, batch, rng, temperature):
     """The jitted predict for these shapes, and the arguments laid out."""
     params, batch, rng = self._inputs(params, batch, rng)
@@ -182,31 +198,34 @@ class ShardedPredictor:
       if temperature.ndim or not np.isfinite(temperature) or temperature < 0:
         raise ValueError(f'temperature must be a finite scalar >= 0, got '
                          f'{temperature}.')
-    param_sh = self.param_shardings(params)
-    batch_sh = self.batch_shardings(batch)
     replicated = NamedSharding(self.mesh, PartitionSpec())
-    optional = lambda x: None if x is None else replicated
-    key = (_signature(params), _signature(batch),
-           None if rng is None else _signature(rng), temperature is None)
-    if key not in self._jitted:
-      batch_size = batch['encoder_input_tokens'].shape[0]
-      self._jitted[key] = jax.jit(
-          self._predict,
-          in_shardings=(param_sh, batch_sh, optional(rng),
-                        optional(temperature)),
-          out_shardings=self.output_sharding(batch_size))
     place = lambda x: None if x is None else partitioning.put_array(
         x, replicated)
-    args = (partitioning.put_tree(params, param_sh),
-            partitioning.put_tree(batch, batch_sh), place(rng),
-            place(temperature))
-    return self._jitted[key], args
+    args = (partitioning.put_tree(params, self.param_shardings(params)),
+            partitioning.put_tree(batch, self.batch_shardings(batch)),
+            place(rng), place(temperature))
+    return self._jit_for(params, batch, rng, temperature is not None), args
 
   def lower(self, params: PyTree, batch: Mapping[str, Any],
             rng: Optional[jax.Array] = None, temperature=None):
     """`jax.stages.Lowered` of the call (HLO, `.compile().memory_analysis()`)."""
     jitted, args = self._compiled_and_args(params, batch, rng, temperature)
     return jitted.lower(*args)
+
+  def lower_shapes(self, params: PyTree, batch: Mapping[str, Any],
+                   rng: Optional[Any] = None, traced_temperature: bool = False):
+    """`jax.stages.Lowered` of the call for ShapeDtypeStructs: nothing placed or allocated.
+
+    The same jitted program as a call with arrays of these shapes (its mesh
+    may be a TPU topology's devices that this machine cannot run:
+    `tpu_programs`); `traced_temperature` as a per-call `temperature=`.
+    """
+    params = flax.core.unfreeze(params)
+    batch = {k: batch[k] for k in DATA_FEATURES}
+    temperature = (jax.ShapeDtypeStruct((), np.float32) if traced_temperature
+                   else None)
+    return self._jit_for(params, batch, rng, traced_temperature).lower(
+        params, batch, rng, temperature)
 
   def __call__(self, params: PyTree, batch: Mapping[str, Any],
                rng: Optional[jax.Array] = None, temperature=None):

@@ -317,6 +317,60 @@ def abstract_state(shapes: PyTree, shardings: PyTree) -> PyTree:
       lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes, shardings)
 
 
+@dataclasses.dataclass(frozen=True)
+class TrainLayout:
+  """A run's training state laid out on a mesh: what the train step is compiled for.
+
+  specs / shardings / shapes: {'step', 'params', 'opt_state'} (PartitionSpecs, NamedShardings,
+  ShapeDtypeStructs); data_sharding: every [batch_size, L] feature's; replicated: the rng's.
+  """
+  mesh: Any
+  rules: tuple
+  module: network.Transformer
+  optimizer: optax.GradientTransformation
+  specs: Dict[str, Any]
+  shardings: Dict[str, Any]
+  replicated: NamedSharding
+  data_sharding: NamedSharding
+  shapes: PyTree
+
+
+def lay_out(config: train_config.TrainConfig, mesh) -> TrainLayout:
+  """The layout of `config`'s state on `mesh` (any devices: the TPU compile check passes a TPU topology's).
+
+  Shapes only, nothing allocated; a parameter dimension the mesh does not divide raises (`state_specs`).
+  """
+  network_config, partition = config.network_config, config.partitioning
+  rules = train_rules(partition.parameter_partitioning_dims)
+  optimizer = _configured(make_optimizer)()
+  specs = state_specs(network_config, optimizer, rules, partitioning.mesh_axis_sizes(mesh))
+  return TrainLayout(
+      mesh=mesh, rules=rules, module=network.Transformer(network_config), optimizer=optimizer, specs=specs,
+      shardings=partitioning.named_shardings(mesh, specs), replicated=NamedSharding(mesh, PartitionSpec()),
+      data_sharding=NamedSharding(mesh, _batch_spec(mesh, rules, config.data.batch_size)),
+      shapes=state_shapes(network_config, optimizer))
+
+
+def jit_train_step(config: train_config.TrainConfig, layout: TrainLayout, teacher=None):
+  """state, batch, rng -> (state, metrics), jit-compiled over `layout`'s mesh (the state donated)."""
+  distilling = config.distill
+  loss = functools.partial(loss_fn, module=layout.module, z_loss=config.z_loss,
+                           teacher=teacher, distill_weight=distilling.distill_weight,
+                           divergence=distilling.divergence)
+  grad_fn = jax.value_and_grad(loss, has_aux=True)
+  optimizer = layout.optimizer
+
+  def train_step(state, batch, rng):
+    (loss, metrics), grads = grad_fn(state['params'], batch, rng)
+    updates, opt_state = optimizer.update(grads, state['opt_state'], state['params'])
+    params = optax.apply_updates(state['params'], updates)
+    metrics = dict(metrics, loss=loss, grad_norm=optax.tree_utils.tree_norm(grads))
+    return {'step': state['step'] + 1, 'params': params, 'opt_state': opt_state}, metrics
+
+  return jax.jit(train_step, in_shardings=(layout.shardings, layout.data_sharding, layout.replicated),
+                 out_shardings=(layout.shardings, layout.replicated), donate_argnums=(0,))
+
+
 def _fresh_state(optimizer, params):
   return {'step': jnp.zeros((), jnp.int32), 'params': params,
           'opt_state': optimizer.init(params)}
@@ -488,21 +542,14 @@ class Trainer:
   def _lay_out(self) -> None:
     """The mesh, the optimizer and the state's shardings; checks the layout and the T5X checkpoint."""
     config = self.config
-    network_config, partition = config.network_config, config.partitioning
-    self.mesh = partitioning.make_mesh(partition.num_partitions)
-    self.rules = train_rules(partition.parameter_partitioning_dims)
-    self.module = network.Transformer(network_config)
-    self.optimizer = _configured(make_optimizer)()
-    self.specs = state_specs(network_config, self.optimizer, self.rules,
-                             partitioning.mesh_axis_sizes(self.mesh))
-    self.shardings = partitioning.named_shardings(self.mesh, self.specs)
+    layout = lay_out(config, partitioning.make_mesh(config.partitioning.num_partitions))
+    self.mesh, self.rules, self.module = layout.mesh, layout.rules, layout.module
+    self.optimizer, self.specs, self.shardings = layout.optimizer, layout.specs, layout.shardings
+    self.replicated, self.data_sharding = layout.replicated, layout.data_sharding
+    self.shapes = layout.shapes
     init_from_t5x = config.init.init_from_t5x
-    self.init_from_t5x = (checkpoints.check_t5x_checkpoint(init_from_t5x, network_config)
+    self.init_from_t5x = (checkpoints.check_t5x_checkpoint(init_from_t5x, config.network_config)
                           if init_from_t5x else init_from_t5x)
-    self.replicated = NamedSharding(self.mesh, PartitionSpec())
-    self.data_sharding = NamedSharding(
-        self.mesh, _batch_spec(self.mesh, self.rules, config.data.batch_size))
-    self.shapes = state_shapes(network_config, self.optimizer)
     print(_layout_line(self.mesh, self.specs, self.shapes), flush=True)
 
   def _teacher(self):
@@ -570,22 +617,9 @@ class Trainer:
 
   def _compiled_train_step(self):
     """state, batch, rng -> (state, metrics), jit-compiled over the mesh (the state donated)."""
-    distilling = self.config.distill
-    loss = functools.partial(loss_fn, module=self.module, z_loss=self.config.z_loss,
-                             teacher=self.teacher, distill_weight=distilling.distill_weight,
-                             divergence=distilling.divergence)
-    grad_fn = jax.value_and_grad(loss, has_aux=True)
-    optimizer = self.optimizer
-
-    def train_step(state, batch, rng):
-      (loss, metrics), grads = grad_fn(state['params'], batch, rng)
-      updates, opt_state = optimizer.update(grads, state['opt_state'], state['params'])
-      params = optax.apply_updates(state['params'], updates)
-      metrics = dict(metrics, loss=loss, grad_norm=optax.tree_utils.tree_norm(grads))
-      return {'step': state['step'] + 1, 'params': params, 'opt_state': opt_state}, metrics
-
-    return jax.jit(train_step, in_shardings=(self.shardings, self.data_sharding, self.replicated),
-                   out_shardings=(self.shardings, self.replicated), donate_argnums=(0,))
+    layout = TrainLayout(self.mesh, self.rules, self.module, self.optimizer, self.specs, self.shardings,
+                         self.replicated, self.data_sharding, self.shapes)
+    return jit_train_step(self.config, layout, self.teacher)
 
   def _prepare_evaluation(self) -> None:
     """The eval step, the validation batches (on the mesh) and the sharded greedy predict."""
