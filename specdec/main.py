@@ -200,15 +200,18 @@ def local_output_dir(output_dir: str):
     with _remote_output_dir(output_dir) as local:
       yield local
     return
-  os.makedirs(output_dir, exist_ok=True)
   if jax.process_count() == 1:
+    os.makedirs(output_dir, exist_ok=True)
     yield output_dir
     return
   with contextlib.ExitStack() as stack:
     local = output_dir
-    if jax.process_index():
+    if jax.process_index() == 0:
+      os.makedirs(output_dir, exist_ok=True)
+    else:
       local = stack.enter_context(tempfile.TemporaryDirectory(prefix='specdec_output_'))
-      shutil.copytree(output_dir, local, dirs_exist_ok=True)
+      if os.path.isdir(output_dir):  # else process 0 has not made it yet: it starts empty for every process
+        shutil.copytree(output_dir, local, dirs_exist_ok=True)
     _all_processes_reach('specdec.main.local_output_dir')
     yield local
 

@@ -11,9 +11,10 @@ JAX_PROCESS_ID, read by `partitioning.initialize_multihost`; gloo carries the co
   Compared here with one process (this one, one device) decoding the whole batch and training on the whole
   batches: decodes and statistics identical; params equal to atol 2e-6 (float32 sums are reduced in another
   order across 8 devices, as in train_sharded_test; the restored params are the trained ones exactly);
-- `python -m specdec.main --multihost` of a tiny 'infer' run: both processes exit 0 and only process 0
-  writes the results (the directory is shared, as a bucket is on a pod slice: a second writer would
-  duplicate every prediction).
+- `python -m specdec.main --multihost` of a tiny 'infer' run: both processes exit 0, print the same summary,
+  and only process 0 writes into the output directory (shared, as a bucket is on a pod slice), as
+  tests/testdata/write_audit records from Python's audit events: every file each process opens for
+  writing, renames, makes or removes there.
 
 Each process has a time limit; a crash or hang fails the tests with both processes' stderr tails. XLA's
 quick-compile flags and the suite's compilation cache (tests/conftest.py) reach the processes through
@@ -41,6 +42,8 @@ from specdec import tasks
 from specdec import train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# A sitecustomize that records what a process writes under a directory.
+WRITE_AUDIT_DIR = os.path.join(REPO, 'tests', 'testdata', 'write_audit')
 NUM_PROCESSES = 2
 DEVICES_PER_PROCESS = 4
 DEVICE_COUNT_FLAG = '--xla_force_host_platform_device_count'
@@ -95,7 +98,7 @@ def _process_env(port: int, process_id: int) -> dict:
 class Pair:
   """Two processes of one multi-host run, started now; `finish()` waits for both within the time limit."""
 
-  def __init__(self, name: str, command, log_dir: str):
+  def __init__(self, name: str, command, log_dir: str, extra_env=lambda process_id: {}):
     self.name = name
     port = _free_port()
     self.logs = [(os.path.join(log_dir, f'{name}_{i}.out'), os.path.join(log_dir, f'{name}_{i}.err'))
@@ -103,8 +106,9 @@ class Pair:
     self.processes = []
     for i, (out, err) in enumerate(self.logs):
       with open(out, 'w') as stdout, open(err, 'w') as stderr:
-        self.processes.append(subprocess.Popen(command, cwd=REPO, env=_process_env(port, i),
-                                               stdout=stdout, stderr=stderr))
+        env = _process_env(port, i)
+        env.update(extra_env(i))
+        self.processes.append(subprocess.Popen(command, cwd=REPO, env=env, stdout=stdout, stderr=stderr))
     self.deadline = time.monotonic() + PROCESS_TIMEOUT_S
 
   def finish(self):
@@ -151,6 +155,16 @@ def _train_batches():
   return list(itertools.islice(
       train.train_batches(worker.TRAIN_TASK, worker.TRAIN_LENGTHS, worker.TRAIN_BATCH, seed=0),
       worker.TRAIN_STEPS))
+
+
+def _write_audit_env(root):
+  """process id -> the variables with which tests/testdata/write_audit records what it writes under root/infer."""
+  def env(process_id):
+    paths = [WRITE_AUDIT_DIR] + [p for p in [os.environ.get('PYTHONPATH')] if p]
+    return {'PYTHONPATH': os.pathsep.join([REPO] + paths),
+            'SPECDEC_TEST_WRITE_AUDIT': os.path.join(root, f'main_{process_id}_writes.json'),
+            'SPECDEC_TEST_WRITE_AUDIT_UNDER': os.path.join(root, 'infer')}
+  return env
 
 
 def _main_command(root):
@@ -207,7 +221,7 @@ def runs(tmp_path_factory):
   np.savez(inputs, **{f'{i}/{k}': v for i, batch in enumerate(batches) for k, v in batch.items()})
   start = time.perf_counter()
   pairs = {'worker': Pair('worker', [sys.executable, '-m', 'tests.multihost_worker', root, inputs], root),
-           'main': Pair('main', _main_command(root), root)}
+           'main': Pair('main', _main_command(root), root, _write_audit_env(root))}
   try:
     reference = dict(decodes=_one_process_decodes(), training=_one_process_training(root, batches))
   finally:  # also when the references fail: no process is left running
@@ -311,10 +325,17 @@ class TestLauncher:
     for f in launched:
       assert "mesh {'data': 2, 'model': 4}" in f.stdout, f.stdout[-STDERR_TAIL:]
 
-  def test_only_process_0_wrote_the_results(self, runs, launched):
+  def test_only_process_0_wrote_into_the_output_directory(self, runs, launched):
+    writes = []
+    for i in range(NUM_PROCESSES):
+      with open(os.path.join(runs['root'], f'main_{i}_writes.json')) as f:
+        writes.append({os.path.basename(path) for _, path in json.load(f)})
+    assert {'predictions.jsonl', 'statistics.json', 'fingerprint.json'} <= writes[0]
+    assert writes[1] == set()
+
+  def test_the_results(self, runs, launched):
     out = os.path.join(runs['root'], 'infer')
     preds = _jsonl(os.path.join(out, 'predictions.jsonl'))
-    # A second writer would have appended every prediction again.
     assert [p['index'] for p in preds] == list(range(MAIN_EXAMPLES))
     assert all(1 <= p['tokens'] <= 8 and p['accepted'] == p['judged'] for p in preds)
     with open(os.path.join(out, 'statistics.json')) as f:
