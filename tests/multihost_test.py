@@ -22,9 +22,11 @@ their environment.
 """
 
 import dataclasses
+import fcntl
 import itertools
 import json
 import os
+import pickle
 import socket
 import subprocess
 import sys
@@ -214,8 +216,24 @@ def _jsonl(path):
 
 @pytest.fixture(scope='module')
 def runs(tmp_path_factory):
-  """Both pairs run while this process computes the one-process references."""
-  root = str(tmp_path_factory.mktemp('multihost'))
+  """`_run_all`, once per test session: pytest-xdist workers share one run (each would otherwise start its own)."""
+  if os.environ.get('PYTEST_XDIST_WORKER') is None:
+    return _run_all(str(tmp_path_factory.mktemp('multihost')))
+  # The folder above a worker's base temp folder belongs to this session and is shared by its workers.
+  shared = tmp_path_factory.getbasetemp().parent / 'multihost'
+  shared.mkdir(exist_ok=True)
+  with open(shared / 'lock', 'w') as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)  # a second worker waits here for the first one's run
+    saved = shared / 'runs.pickle'
+    if not saved.exists():
+      with open(saved, 'wb') as f:
+        pickle.dump(_run_all(str(shared)), f)
+    with open(saved, 'rb') as f:
+      return pickle.load(f)
+
+
+def _run_all(root):
+  """Both pairs run while this process computes the one-process references; what they did and wrote."""
   batches = _train_batches()
   inputs = os.path.join(root, 'train_batches.npz')
   np.savez(inputs, **{f'{i}/{k}': v for i, batch in enumerate(batches) for k, v in batch.items()})

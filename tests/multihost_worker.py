@@ -24,7 +24,17 @@ import os
 import sys
 import time
 
+import jax
 import numpy as np
+
+from specdec import checkpoints
+from specdec import fileio
+from specdec import models
+from specdec import network
+from specdec import partitioning
+from specdec import sharded_decoding
+from specdec import train
+from specdec import train_config
 
 VOCAB = 64
 EOS = 1
@@ -41,7 +51,6 @@ TRAIN_TASK = 'specdec_local_mix'
 
 def configs():
   """(target, drafter, trained network) configs: the tiny ones of sharded_decoding_test / train_sharded_test."""
-  from specdec import network  # pylint: disable=g-import-not-at-top
   small = dict(num_encoder_layers=1, num_decoder_layers=1, head_dim=4, relative_attention_num_buckets=8,
                relative_attention_max_distance=16, dropout_rate=0.0)
   target = network.T5Config(vocab_size=VOCAB, emb_dim=16, num_heads=4, mlp_dim=32, **small)
@@ -54,8 +63,6 @@ def configs():
 
 def decode_params():
   """{'target', 'drafter'} params; the target's EOS logit nudged so that rows end at different steps."""
-  import jax  # pylint: disable=g-import-not-at-top
-  from specdec import network  # pylint: disable=g-import-not-at-top
   target_cfg, drafter_cfg, _ = configs()
   target_rng, drafter_rng = jax.random.split(jax.random.PRNGKey(0))
   target = jax.device_get(network.init_params(target_cfg, target_rng))
@@ -80,8 +87,6 @@ def decoder_params():
 
 
 def speculative_model():
-  from specdec import models  # pylint: disable=g-import-not-at-top
-  from specdec import network  # pylint: disable=g-import-not-at-top
   target_cfg, drafter_cfg, _ = configs()
   return models.SpeculativeEncoderDecoderModel(network.Transformer(target_cfg),
                                                network.Transformer(drafter_cfg))
@@ -101,8 +106,6 @@ def trainer_on_fixed_batches(model_dir, batches, mesh_rows, num_partitions):
   `mesh_rows(batch_size)` -> (start, stop): the rows this host loads. Only the data source differs from a
   `train.train` run: the global batch, its sharding, the step, checkpoints and export are the trainer's.
   """
-  from specdec import train  # pylint: disable=g-import-not-at-top
-  from specdec import train_config  # pylint: disable=g-import-not-at-top
   trainer = train.Trainer(train_config.from_flat(model_dir, configs()[2], **train_settings(model_dir, num_partitions)))
   start, stop = mesh_rows(trainer.mesh, TRAIN_BATCH)
   local = [{k: v[start:stop] for k, v in batch.items()} for batch in batches]
@@ -112,8 +115,6 @@ def trainer_on_fixed_batches(model_dir, batches, mesh_rows, num_partitions):
 
 def host_rows(mesh, batch_size):
   """(start, stop) of the batch rows this process loads (`partitioning.host_batch_shard`)."""
-  import jax  # pylint: disable=g-import-not-at-top
-  from specdec import partitioning  # pylint: disable=g-import-not-at-top
   index, count = partitioning.host_batch_shard(mesh.devices, batch_size, jax.process_index())
   rows = batch_size // count
   return index * rows, (index + 1) * rows
@@ -121,10 +122,6 @@ def host_rows(mesh, batch_size):
 
 def restored_params(trainer):
   """The params of the trainer's latest checkpoint, restored onto its mesh, gathered to numpy."""
-  from specdec import checkpoints  # pylint: disable=g-import-not-at-top
-  from specdec import fileio  # pylint: disable=g-import-not-at-top
-  from specdec import partitioning  # pylint: disable=g-import-not-at-top
-  from specdec import train  # pylint: disable=g-import-not-at-top
   manager = checkpoints.training_checkpoint_manager(
       fileio.join(trainer.config.model_dir, 'checkpoints'), enable_async=False)
   try:
@@ -137,7 +134,6 @@ def restored_params(trainer):
 
 
 def flat(tree, prefix):
-  import jax  # pylint: disable=g-import-not-at-top
   return {prefix + jax.tree_util.keystr(path): np.asarray(leaf)
           for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
@@ -149,9 +145,6 @@ def flat(tree, prefix):
 
 def _decode(out):
   """Sharded speculative decodes of this process's rows, greedy and t = 1; `out` gets the gathered results."""
-  import jax  # pylint: disable=g-import-not-at-top
-  from specdec import partitioning  # pylint: disable=g-import-not-at-top
-  from specdec import sharded_decoding  # pylint: disable=g-import-not-at-top
   mesh = partitioning.make_mesh(NUM_PARTITIONS)
   predict = sharded_decoding.compile_predict_sharded(speculative_model(), mesh,
                                                      decoder_params=decoder_params())
@@ -170,7 +163,6 @@ def _decode(out):
 
 def _train(out, root, batches):
   """Two trainer steps on the fixed batches, the checkpoint both processes wrote, restored."""
-  from specdec import partitioning  # pylint: disable=g-import-not-at-top
   trainer = trainer_on_fixed_batches(os.path.join(root, 'train'), batches, host_rows, NUM_PARTITIONS)
   trainer.run()
   out['train_rows'] = np.asarray(host_rows(trainer.mesh, TRAIN_BATCH))
@@ -182,15 +174,11 @@ def _train(out, root, batches):
 
 def main(argv):
   out_dir, inputs = argv
-  import jax  # pylint: disable=g-import-not-at-top
-  from specdec import partitioning  # pylint: disable=g-import-not-at-top
-  start = time.perf_counter()
-  started = partitioning.initialize_multihost()
-  out_start = time.perf_counter() - start
+  # Importing JAX starts no backend: initialize_multihost still comes first.
+  started = partitioning.initialize_multihost()  # from the JAX_* variables the test sets
   out = {'started': np.asarray(started), 'process_index': np.asarray(jax.process_index()),
          'process_count': np.asarray(jax.process_count()), 'device_count': np.asarray(jax.device_count()),
-         'local_device_count': np.asarray(jax.local_device_count()),
-         'initialize_seconds': np.asarray(out_start)}
+         'local_device_count': np.asarray(jax.local_device_count())}
   with np.load(inputs) as saved:
     batches = [{k[len(f'{i}/'):]: saved[k] for k in saved.files if k.startswith(f'{i}/')}
                for i in range(TRAIN_STEPS)]
