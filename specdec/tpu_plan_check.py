@@ -130,6 +130,13 @@ def markdown(rows: List[Mapping[str, Any]], command: str) -> str:
            '- Parts: decoding params | caches + activations | code; training state (params + Adafactor) | '
            'working (gradients, bf16 casts, activations) | code. Compiled: arguments | temporaries + outputs '
            'not aliased to arguments | generated code.', '',
+           '- Why decoding differs: the plan counts each weight once and estimates small activations; the compiled '
+           'speculative decode also holds (1) a second copy of the target decoder\'s attention kernels, made once '
+           'before the decode loop in the transposed layout that the loop\'s k-token matmuls want (XLA\'s layout '
+           'assignment: the params arrive in the default row-major layout), which grows with the decoder\'s '
+           'layers, and (2) the generated code. The baseline (target only, one token a step) keeps no such copy. '
+           'Seen in the buffer assignment that `XLA_FLAGS=--xla_dump_to=DIR` writes for the compiled program.',
+           '',
            '| plan | program | slice | mesh | planned | compiled | difference | agree | parts planned | '
            'parts compiled | largest gap |',
            '|---|---|---|---|---|---|---|---|---|---|---|']
