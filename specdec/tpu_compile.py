@@ -74,10 +74,18 @@ def compile_figures(lower: Callable[[], Any], hbm_gib: float, straight_line: boo
   'needed_gib', 'hbm_gib', 'fits', 'verdict', 'collectives': {kind: count}, 'flops', 'bytes_accessed'}
   (FLOPs and bytes per call for a straight-line program; for a loop, the body counted once).
   """
+  import jax  # pylint: disable=g-import-not-at-top
   start = time.perf_counter()
   lowered = lower()
   lowered_at = time.perf_counter()
-  compiled = lowered.compile()
+  # No persistent compilation cache (the test suite sets one): an executable for a TPU topology cannot be read
+  # back on a machine without a TPU, so caching it would only write it (gigabytes for XXL) and warn on reading.
+  cached = jax.config.jax_enable_compilation_cache
+  jax.config.update('jax_enable_compilation_cache', False)
+  try:
+    compiled = lowered.compile()
+  finally:
+    jax.config.update('jax_enable_compilation_cache', cached)
   compiled_at = time.perf_counter()
   memory = _memory(compiled)
   needed = needed_bytes(memory)
