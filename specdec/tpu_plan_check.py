@@ -136,6 +136,17 @@ def markdown(rows: List[Mapping[str, Any]], command: str) -> str:
            'assignment: the params arrive in the default row-major layout), which grows with the decoder\'s '
            'layers, and (2) the generated code. The baseline (target only, one token a step) keeps no such copy. '
            'Seen in the buffer assignment that `XLA_FLAGS=--xla_dump_to=DIR` writes for the compiled program.',
+           '- Why the drafters\' fine-tunes (pure data parallelism) need less than planned: the plan adds the '
+           'peaks of the float32 gradients, the bf16 kernel casts and the activations, but the compiled step never '
+           'holds them all at once (each layer\'s saved activations are freed as its gradients are made; the casts '
+           'are fused into the matmuls). There the plan is an upper bound.',
+           '- Why the XXL fine-tunes (16 x 4, 2-D params: embed over \'data\') need more than planned: the plan '
+           'keeps every activation split over \'data\' by its batch rows (batch / data rows per chip), but nothing '
+           'in the network pins the activations\' layout, and XLA\'s sharding propagation contracts the matmuls '
+           'over the weights\' data-sharded embed instead: their inputs and outputs hold the whole batch per chip '
+           '(e.g. the MLP\'s [batch, length, mlp / model] products, seen in the dumped HLO of the compiled step) '
+           'and are summed over \'data\' by all-reduces, where T5X pins activations to (batch, length, embed) so '
+           'that the weights are gathered instead.',
            '',
            '| plan | program | slice | mesh | planned | compiled | difference | agree | parts planned | '
            'parts compiled | largest gap |',
