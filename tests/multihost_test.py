@@ -93,6 +93,9 @@ def _process_env(port: int, process_id: int) -> dict:
     env['JAX_COMPILATION_CACHE_DIR'] = cache_dir
     env['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'] = '0'
     env['JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES'] = '0'
+    # With it, JAX locks the cache around each read and write (tests/conftest.py): these processes and this one
+    # compile the same programs at the same time.
+    env['JAX_COMPILATION_CACHE_MAX_SIZE'] = str(jax.config.jax_compilation_cache_max_size)
   env['PYTHONPATH'] = os.pathsep.join([REPO] + [p for p in [env.get('PYTHONPATH')] if p])
   return env
 
