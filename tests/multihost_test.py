@@ -229,8 +229,11 @@ def runs(tmp_path_factory):
     fcntl.flock(lock, fcntl.LOCK_EX)  # a second worker waits here for the first one's run
     saved = shared / 'runs.pickle'
     if not saved.exists():
-      with open(saved, 'wb') as f:
-        pickle.dump(_run_all(str(shared)), f)
+      runs = _run_all(str(shared))  # a worker that dies here leaves no file: the next one runs it again
+      partial = shared / 'runs.pickle.partial'
+      with open(partial, 'wb') as f:
+        pickle.dump(runs, f)
+      os.replace(partial, saved)
     with open(saved, 'rb') as f:
       return pickle.load(f)
 
