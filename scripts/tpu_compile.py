@@ -36,6 +36,9 @@ def parse_args(argv):
                       help='override the Table-2 rows\' batch size (benchmark.Setting.batch_size)')
   parser.add_argument('--out', default=DEFAULT_OUT, help='results directory (relative to the repo)')
   parser.add_argument('--retry_failed', action='store_true', help='compile again the programs that failed')
+  parser.add_argument('--verify_curve', action='store_true',
+                      help='compile the XXL target\'s k-token steps (k = 1..16, batch 1 and 8) and the drafters\' '
+                      'steps, and predict (not measure) the Table-2 speedups from them: <slice>_verify_curve_*')
   parser.add_argument('--compare_plans', action='store_true',
                       help='only write the planned-vs-compiled table from the jsons already in --out')
   return parser.parse_args(argv)
@@ -97,11 +100,21 @@ def main(argv=None):
             'slice': {'name': tpu.name, 'topology': tpu.topology, 'chip_config': tpu.chip_config,
                       'chips': tpu.chips, 'hosts': tpu.hosts, 'hbm_gib': tpu.hbm_gib}}
   json_path = os.path.join(out_dir, f'{tpu.name}.json')
+  if args.verify_curve:
+    from specdec import tpu_verify_curve  # pylint: disable=g-import-not-at-top
+    if tpu.topology.split(':')[0] not in tpu_verify_curve.PEAKS:
+      raise SystemExit(f'tpu_compile: --verify_curve knows the peaks of {list(tpu_verify_curve.PEAKS)} only.')
+    programs = lambda: tpu_verify_curve.curve_programs(mesh_of, bindings=bindings)
+    json_path = os.path.join(out_dir, f'{tpu.name}_verify_curve.json')
   os.makedirs(out_dir, exist_ok=True)
   print(f'Compiling for {tpu.name} ({tpu.topology}, {tpu.chips} chips, {tpu.hosts} host(s)) into '
         f'{os.path.relpath(json_path, REPO)}', flush=True)
   results = tpu_compile.sweep(programs(), tpu, json_path, header, log=lambda line: print(line, flush=True),
                               retry_failed=args.retry_failed)
+  if args.verify_curve:
+    md_path = os.path.join(out_dir, f'{tpu.name}_verify_curve_predicted.md')
+    tpu_verify_curve.write_markdown(json_path, md_path)
+    print(f'Wrote {os.path.relpath(md_path, REPO)} ({tpu_verify_curve.LABEL})', flush=True)
   failed = [name for name, rec in results['programs'].items() if 'error' in rec]
   print(f'{len(results["programs"])} programs in {os.path.relpath(json_path, REPO)}'
         + (f'; failed: {", ".join(failed)}' if failed else ''), flush=True)
