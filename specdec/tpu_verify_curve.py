@@ -101,6 +101,9 @@ def markdown(results: Mapping[str, Any], generation: str = 'v4') -> str:
            f'accessed), its time = max(FLOPs / {peak["flops"] / 1e12:g} TFLOP/s, bytes / '
            f'{peak["hbm_bytes_per_s"] / 1e12:g} TB/s) + collectives x {COLLECTIVE_SECONDS * 1e6:g} µs '
            '(a stated assumption, not measured). No TPU ran anything.',
+           '- XLA\'s bytes accessed count every operand of every operation, so they can exceed the bytes the chip '
+           'reads from HBM (the target\'s step reads more than its decoder\'s params per chip here): the times are '
+           'an upper bound where memory-bound; the collectives\' stated cost dominates the drafters\' steps.',
            '- Target: one k-token decode step of T5 1.1 XXL into its cache (WMT lengths 256 / 256); drafters: one '
            'token.', '',
            '| k | batch 1 ms (' + LABEL + ') | ratio to k = 1 | batch 8 ms | ratio to k = 1 |',
