@@ -38,8 +38,7 @@ setuptools.setup(
         # torch pinned exactly: on Python 3.11 a CPU build of it is at hand (a newer spec pulls a CUDA build; on
         # 3.12 and newer pip takes the CUDA build either way). jax[tpu] brings libtpu at the jax version pip picks:
         # the tests compile programs for named Cloud TPU slices with XLA's TPU compiler, on the CPU.
-        'test': ['pytest', 'pytest-xdist', 'scipy', 'torch==2.13.0', 'transformers>=5.24', 'jax[tpu]',
-                 'filelock'],  # JAX's lock around the tests' compilation cache (tests/conftest.py)
+        'test': ['pytest', 'pytest-xdist', 'scipy', 'torch==2.13.0', 'transformers>=5.24', 'jax[tpu]'],
         # The peer benchmark (specdec/peers.py, scripts/peer_benchmark.py): Hugging Face generate on the same weights.
         'peers': ['torch==2.13.0', 'transformers>=5.24'],
     },

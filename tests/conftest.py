@@ -30,14 +30,10 @@ if os.environ.get('SPECDEC_TEST_XLA_OPT', '0') != 'default':
 
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-CACHE_MAX_BYTES = 16 * 2**30  # never reached by the suite (about 1 GiB): evicting is not the point, the lock is
 _CACHE_DIR = os.environ.get('SPECDEC_TEST_JAX_CACHE',
                             os.path.join(tempfile.gettempdir(), f'specdec-test-jax-cache-{os.getuid()}'))
 if _CACHE_DIR:
   jax.config.update('jax_compilation_cache_dir', _CACHE_DIR)
   jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
   jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
-  # A size limit turns on JAX's file lock around every cache read and write; without it an entry is written in
-  # place, and a process reading it while another still writes it (two pytest-xdist workers, the multi-host
-  # tests' processes) deserializes a partial executable and dies with a segmentation fault (seen with jax 0.12).
-  jax.config.update('jax_compilation_cache_max_size', CACHE_MAX_BYTES)
+

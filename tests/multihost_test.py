@@ -79,7 +79,7 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _process_env(port: int, process_id: int) -> dict:
+def _process_env(port: int, process_id: int, name: str = 'worker') -> dict:
   """This process's environment, made multi-host: 4 CPU devices, the coordinator, the process id."""
   env = dict(os.environ)
   kept = [f for f in env.get('XLA_FLAGS', '').split() if not f.startswith(DEVICE_COUNT_FLAG)]
@@ -90,12 +90,13 @@ def _process_env(port: int, process_id: int) -> dict:
   env['JAX_PROCESS_ID'] = str(process_id)
   cache_dir = jax.config.jax_compilation_cache_dir  # the suite's (tests/conftest.py), if any
   if cache_dir:
-    env['JAX_COMPILATION_CACHE_DIR'] = cache_dir
+    # A folder of the suite's cache for each process of each pair: these processes compile the same programs as
+    # each other and as this one, at the same time, and JAX writes an entry in place, so a process reading an
+    # entry another was still writing (or one compiled under another process's distributed runtime) died with a
+    # segmentation fault (jax 0.12). Each folder is still reused by the next run.
+    env['JAX_COMPILATION_CACHE_DIR'] = os.path.join(cache_dir, f'multihost-{name}-{process_id}')
     env['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'] = '0'
     env['JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES'] = '0'
-    # With it, JAX locks the cache around each read and write (tests/conftest.py): these processes and this one
-    # compile the same programs at the same time.
-    env['JAX_COMPILATION_CACHE_MAX_SIZE'] = str(jax.config.jax_compilation_cache_max_size)
   env['PYTHONPATH'] = os.pathsep.join([REPO] + [p for p in [env.get('PYTHONPATH')] if p])
   return env
 
@@ -111,7 +112,7 @@ class Pair:
     self.processes = []
     for i, (out, err) in enumerate(self.logs):
       with open(out, 'w') as stdout, open(err, 'w') as stderr:
-        env = _process_env(port, i)
+        env = _process_env(port, i, name)
         env.update(extra_env(i))
         self.processes.append(subprocess.Popen(command, cwd=REPO, env=env, stdout=stdout, stderr=stderr))
     self.deadline = time.monotonic() + PROCESS_TIMEOUT_S
