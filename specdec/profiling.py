@@ -988,7 +988,10 @@ def trace_kernel_breakdown(fn: Callable[[], Any], calls: int = 3, logdir: Option
     raise RuntimeError(f'jax.profiler wrote no trace under {logdir}.')
   data = jax.profiler.ProfileData.from_file(paths[-1])
   planes = list(data.planes)
-  has_device = any(p.name.startswith('/device:') for p in planes)
+  # A device plane counts only with op events: libtpu, once loaded (the TPU compile check), adds an empty
+  # '/device:CUSTOM:Megascale Trace' plane to every trace, CPU runs included.
+  has_device = any(_is_op_line(p.name, line.name, True) and any(True for _ in line.events)
+                   for p in planes for line in p.lines)
   exclusive, counts = collections.defaultdict(float), collections.Counter()
   for plane in planes:
     for line in plane.lines:

@@ -16,6 +16,7 @@ from specdec import feature_drafter
 from specdec import models
 from specdec import network
 from specdec import profiling
+from specdec import tpu_slices
 
 
 def _tiny(seed, **overrides):
@@ -308,6 +309,16 @@ def test_trace_kernel_breakdown_sees_the_kernels(tmp_path):
   assert sum(r['share'] for r in report['families']) == pytest.approx(1.0)
   # The 20 matmuls run as 20 launches of some kernel family per call.
   assert max(r['launches_per_call'] for r in report['families']) >= 20
+
+
+def test_trace_kernel_breakdown_sees_cpu_kernels_once_libtpu_is_loaded(tmp_path):
+  """libtpu, loaded by a TPU compile in the same process, adds an empty device plane to every trace after it."""
+  tpu_slices.topology_devices(tpu_slices.slice_named('v4-8'))
+  w = jnp.asarray(np.random.RandomState(0).randn(64, 64).astype(np.float32))
+  fn = jax.jit(lambda x: jnp.tanh(x @ w))
+  x = jnp.ones((4, 64), jnp.float32)
+  report = profiling.trace_kernel_breakdown(lambda: fn(x), calls=2, logdir=str(tmp_path))
+  assert not report['device'] and report['busy_ms_per_call'] > 0, report
 
 
 _HAND_HLO = """HloModule m
