@@ -5,7 +5,7 @@ of its time:
 - JAX's persistent compilation cache, in a folder of the machine's temp dir shared by the pytest-xdist workers,
   compiles a program that another test (or the other worker) already compiled only once. Entries are keyed by
   the program, the compile options and the jax/jaxlib version, so a stale one is never used.
-  SPECDEC_TEST_JAX_CACHE names another folder ('' turns it off).
+  SPECDEC_TEST_JAX_CACHE names another folder ('' turns it off). Off by default from jax 0.11 on (below).
 - XLA's quicker code generation (`specdec/xla_flags.py`: optimisation level 0, as the 8-device helper
   processes of sharded_decoding_test, train_sharded_test and rehearsal_test already run, and the CPU backend's
   older elementwise emitters with unsplit LLVM modules; on 2 cores shared by two pytest-xdist workers,
@@ -30,8 +30,13 @@ if os.environ.get('SPECDEC_TEST_XLA_OPT', '0') != 'default':
 
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 
+# jax 0.12's persistent cache crashed pytest workers on this CPU (SIGSEGV while serializing or reading an
+# executable, in `compilation_cache.put_executable_and_time` / `get_executable_and_time`; three whole-suite runs,
+# three different tests); jax 0.10 has run the suite with it for months. So by default it is on before jax 0.11.
+_CACHE_SAFE = tuple(int(part) for part in jax.__version__.split('.')[:2]) < (0, 11)
 _CACHE_DIR = os.environ.get('SPECDEC_TEST_JAX_CACHE',
-                            os.path.join(tempfile.gettempdir(), f'specdec-test-jax-cache-{os.getuid()}'))
+                            os.path.join(tempfile.gettempdir(), f'specdec-test-jax-cache-{os.getuid()}')
+                            if _CACHE_SAFE else '')
 if _CACHE_DIR:
   jax.config.update('jax_compilation_cache_dir', _CACHE_DIR)
   jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
