@@ -542,7 +542,7 @@ class Trainer:
   def _lay_out(self) -> None:
     """The mesh, the optimizer and the state's shardings; checks the layout and the T5X checkpoint."""
     config = self.config
-    layout = lay_out(config, partitioning.make_mesh(config.partitioning.num_partitions))
+    self.layout = layout = lay_out(config, partitioning.make_mesh(config.partitioning.num_partitions))
     self.mesh, self.rules, self.module = layout.mesh, layout.rules, layout.module
     self.optimizer, self.specs, self.shardings = layout.optimizer, layout.specs, layout.shardings
     self.replicated, self.data_sharding = layout.replicated, layout.data_sharding
@@ -617,9 +617,7 @@ class Trainer:
 
   def _compiled_train_step(self):
     """state, batch, rng -> (state, metrics), jit-compiled over the mesh (the state donated)."""
-    layout = TrainLayout(self.mesh, self.rules, self.module, self.optimizer, self.specs, self.shardings,
-                         self.replicated, self.data_sharding, self.shapes)
-    return jit_train_step(self.config, layout, self.teacher)
+    return jit_train_step(self.config, self.layout, self.teacher)
 
   def _prepare_evaluation(self) -> None:
     """The eval step, the validation batches (on the mesh) and the sharded greedy predict."""
