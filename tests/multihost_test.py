@@ -21,7 +21,6 @@ quick-compile flags and the suite's compilation cache (tests/conftest.py) reach 
 their environment.
 """
 
-import contextlib
 import dataclasses
 import fcntl
 import itertools
@@ -239,19 +238,6 @@ def runs(tmp_path_factory):
       return pickle.load(f)
 
 
-@contextlib.contextmanager
-def _without_persistent_cache():
-  """The one-process references compile without the suite's persistent cache: with jax 0.12 a pytest worker
-  twice died with a segmentation fault reading a cache entry here, while the pairs' processes started beside it
-  (not reproduced alone; the references are small, compiling them costs a few seconds)."""
-  enabled = jax.config.jax_enable_compilation_cache
-  jax.config.update('jax_enable_compilation_cache', False)
-  try:
-    yield
-  finally:
-    jax.config.update('jax_enable_compilation_cache', enabled)
-
-
 def _run_all(root):
   """Both pairs run while this process computes the one-process references; what they did and wrote."""
   batches = _train_batches()
@@ -261,8 +247,7 @@ def _run_all(root):
   pairs = {'worker': Pair('worker', [sys.executable, '-m', 'tests.multihost_worker', root, inputs], root),
            'main': Pair('main', _main_command(root), root, _write_audit_env(root))}
   try:
-    with _without_persistent_cache():
-      reference = dict(decodes=_one_process_decodes(), training=_one_process_training(root, batches))
+    reference = dict(decodes=_one_process_decodes(), training=_one_process_training(root, batches))
   finally:  # also when the references fail: no process is left running
     finished = {name: pair.finish() for name, pair in pairs.items()}
   seconds = time.perf_counter() - start
