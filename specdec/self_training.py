@@ -40,7 +40,9 @@ CORPUS_TRAIN_ORIGIN = 'corpus:train'
 
 
 def _normalised(text: str) -> str:
-  return ' '.join(text.split())
+  # The held-out checks' key (lower-cased, whitespace-normalised): an input that differs from a real one only in
+  # case is the same sentence, and must not become a second, poorer pair beside the real one.
+  return distill_pool.leak_keys(text)[0]
 
 
 def pseudo_pairs(decode_rows: Sequence[Mapping[str, object]],
@@ -49,7 +51,9 @@ def pseudo_pairs(decode_rows: Sequence[Mapping[str, object]],
   """The decodes of inputs the real train split lacks, as train rows; and what was left out, counted.
 
   Left out: rows of the real train split (origin or input text), empty
-  decodes, and repeated inputs (the first is kept).
+  decodes, and repeated inputs (the first is kept). Inputs are compared as
+  the held-out checks compare them (``distill_pool.leak_keys``: case and
+  whitespace ignored).
   """
   real_inputs = {_normalised(str(r['inputs'])) for r in real_train_rows}
   seen = set()

@@ -38,6 +38,17 @@ def test_pseudo_pairs_keep_only_new_inputs_with_a_decode():
   assert 'gold_targets' not in pairs[0]
 
 
+def test_an_input_that_differs_from_a_real_one_only_in_case_is_not_a_pseudo_pair():
+  # The held-out checks' key (distill_pool.leak_keys); matching up to whitespace alone would keep both of these.
+  real = [_row('An old sentence here.', 'Ein alter Satz.', origin='ddtp')]
+  decodes = [_row('AN OLD sentence  Here.', 'Alter Satz.'),
+             _row('A new sentence.', 'Ein neuer Satz.'),
+             _row('a NEW sentence.', 'Noch ein Satz.')]
+  pairs, dropped = self_training.pseudo_pairs(decodes, real, MODEL)
+  assert [p['inputs'] for p in pairs] == ['A new sentence.']
+  assert dropped == {'real_train_input': 1, 'empty_decode': 0, 'repeated_input': 1}
+
+
 def test_mix_adds_a_seeded_sample_and_keeps_every_real_row():
   real = [_row(f'real {i}', f'echt {i}') for i in range(20)]
   pairs = [dict(_row(f'new {i}', f'neu {i}'), provenance='decode:' + MODEL) for i in range(30)]
