@@ -124,6 +124,35 @@ class TestSequenceDistribution:
     samples = self._samples(branching, chain, rule, temperature, topk, topp, seed=len(branching) + chain)
     assert toy.chi_square_pvalue(samples, exact) > 1e-3
 
+  def test_eos_inside_an_accepted_path_ends_the_row_there(self):
+    """A round whose accepted path holds EOS keeps nothing after it: each row's log_prob is the target's exact
+    log-probability of its decode, and `emitted` counts its tokens up to and including EOS.
+
+    Decodes alone cannot see tokens written past EOS (the loop's output is zeroed there afterwards): the
+    log-probabilities and counts do (the EOS cut replaced by all-True: errors of several nats)."""
+    target, drafter = self._models()
+    rows = 2000
+    out = _tree(target, drafter, jnp.zeros((rows, self.LENGTH), jnp.int32), (2,), 2, rule='without_replacement',
+                temperature=1.0, topk=0, topp=0.0, decode_rng=jax.random.PRNGKey(3), shrink_batch=False,
+                return_stats=True)
+    decodes, log_prob = np.asarray(out.decodes[:, 0]), np.asarray(out.log_prob[:, 0], np.float64)
+    stats = jax.tree_util.tree_map(lambda x: np.asarray(x[:, 0]), out.stats)
+    exact = toy.exact_distribution(target, self.LENGTH, EOS, 1.0, 0, 0.0)
+    want = np.log([exact[tuple(row)] for row in decodes.tolist()])
+    # fp32: each of the <= L terms (all <= 0) is a log-softmax, within a few ulp of its operands (the logits'
+    # spread plus log V); their fp32 sum adds at most L ulp of |log P|. The bound is L eps (|log P| + 2 spread
+    # + log V), ~2e-5 here; a token kept past EOS adds its whole log-probability.
+    spread = float(np.max(target.table.max(axis=1) - target.table.min(axis=1)))
+    tol = self.LENGTH * np.finfo(np.float32).eps * (np.abs(want) + 2 * spread + np.log(self.VOCAB))
+    assert np.all(np.abs(log_prob - want) <= tol), np.max(np.abs(log_prob - want) - tol)
+    has_eos = np.any(decodes == EOS, axis=1)
+    eos_at = np.where(has_eos, np.argmax(decodes == EOS, axis=1) + 1, self.LENGTH)  # tokens up to EOS
+    np.testing.assert_array_equal(stats['emitted'], eos_at)
+    # The case is exercised: rows whose EOS was a kept draft, so that the round's next token (at least) was cut
+    # (`accepted` counts the drafts written; a round writes them and its next token unless cut).
+    cut = stats['accepted'] + stats['target_calls'] - stats['emitted']
+    assert np.sum(has_eos & (cut > 0)) >= 200, np.sum(has_eos & (cut > 0))
+
   def test_siblings_verified_by_the_wrong_rule_change_the_law(self, monkeypatch):
     """The drafter's top-k verified as if drawn at random from q: the test above would see it."""
     draw = draft_tree.draw_children
