@@ -39,6 +39,10 @@ def parse_args(argv):
   parser.add_argument('--verify_curve', action='store_true',
                       help='compile the XXL target\'s k-token steps (k = 1..16, batch 1 and 8) and the drafters\' '
                       'steps, and predict (not measure) the Table-2 speedups from them: <slice>_verify_curve_*')
+  parser.add_argument('--measured_curve', nargs='?', const='auto', default=None,
+                      help='only write <slice>_verify_curve_measured.md: Table 2 from the verify-cost curve and '
+                      'costs that scripts/accelerator_check.py measured on a TPU (its report.json; by default the '
+                      'newest TPU report under results/accelerator/), beside the compiled prediction')
   parser.add_argument('--compare_plans', action='store_true',
                       help='only write the planned-vs-compiled table from the jsons already in --out')
   return parser.parse_args(argv)
@@ -48,6 +52,23 @@ def _command(argv) -> str:
   return ' '.join(['python scripts/tpu_compile.py', *argv])
 
 
+def _write_measured_curve(slice_name: str, out_dir: str, report: str):
+  """<slice>_verify_curve_measured.md from `report` ('auto': the newest TPU report), or None if there is none."""
+  from specdec import tpu_verify_curve  # pylint: disable=g-import-not-at-top
+  path = tpu_verify_curve.find_measured_report(REPO) if report == 'auto' else os.path.join(REPO, report)
+  if not path:
+    return None
+  if not os.path.exists(path):
+    raise SystemExit(f'tpu_compile: no accelerator report at {report}.')
+  md_path = os.path.join(out_dir, f'{slice_name}_verify_curve_measured.md')
+  try:
+    tpu_verify_curve.write_measured_markdown(path, md_path, os.path.join(out_dir, f'{slice_name}_verify_curve.json'),
+                                             REPO)
+  except ValueError as e:
+    raise SystemExit(f'tpu_compile: {e}') from None
+  return md_path
+
+
 def main(argv=None):
   argv = list(sys.argv[1:] if argv is None else argv)
   args = parse_args(argv)
@@ -55,6 +76,13 @@ def main(argv=None):
   if args.compare_plans:
     from specdec import tpu_plan_check  # pylint: disable=g-import-not-at-top
     path = tpu_plan_check.write_comparison(REPO, out_dir, _command(argv))
+    print(f'Wrote {os.path.relpath(path, REPO)}')
+    return
+  if args.measured_curve is not None:
+    path = _write_measured_curve(args.slice, out_dir, args.measured_curve)
+    if path is None:
+      raise SystemExit('tpu_compile: no accelerator report measured on a TPU with the XXL target\'s curve under '
+                       'results/accelerator/ (run scripts/accelerator_check.py on a TPU, or name its report.json).')
     print(f'Wrote {os.path.relpath(path, REPO)}')
     return
   from specdec import tpu_compile  # pylint: disable=g-import-not-at-top
@@ -115,6 +143,9 @@ def main(argv=None):
     md_path = os.path.join(out_dir, f'{tpu.name}_verify_curve_predicted.md')
     tpu_verify_curve.write_markdown(json_path, md_path)
     print(f'Wrote {os.path.relpath(md_path, REPO)} ({tpu_verify_curve.LABEL})', flush=True)
+    measured = _write_measured_curve(tpu.name, out_dir, 'auto')
+    if measured:
+      print(f'Wrote {os.path.relpath(measured, REPO)} (a TPU-measured curve exists: Table 2 from it)', flush=True)
   failed = [name for name, rec in results['programs'].items() if 'error' in rec]
   print(f'{len(results["programs"])} programs in {os.path.relpath(json_path, REPO)}'
         + (f'; failed: {", ".join(failed)}' if failed else ''), flush=True)

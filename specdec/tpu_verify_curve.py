@@ -76,19 +76,146 @@ def call_seconds(record: Mapping[str, Any], generation: str = 'v4',
   return roofline + sum(record['collectives'].values()) * collective_seconds
 
 
-def predictions(programs: Mapping[str, Mapping[str, Any]], generation: str = 'v4') -> List[Dict[str, Any]]:
-  """The twelve Table-2 rows at batch 1: c, verify cost ratio and the predicted speedup beside the paper's."""
+def compiled_seconds(programs: Mapping[str, Mapping[str, Any]], generation: str = 'v4') -> Dict[str, Dict]:
+  """{'target': {(k, batch): s}, 'drafter': {(name, batch): s}} predicted from the compiled records."""
+  seconds = {'target': {}, 'drafter': {}}
+  for k in KS:
+    for b in BATCHES:
+      record = programs.get(target_name(k, b))
+      if record is not None and 'error' not in record:
+        seconds['target'][(k, b)] = call_seconds(record, generation)
+  for drafter in DRAFTER_ROWS:
+    for b in BATCHES:
+      record = programs.get(drafter_name(drafter, b))
+      if record is not None and 'error' not in record:
+        seconds['drafter'][(drafter, b)] = call_seconds(record, generation)
+  return seconds
+
+
+def table2_rows(seconds: Mapping[str, Mapping[Any, float]]) -> List[Dict[str, Any]]:
+  """The twelve Table-2 rows at batch 1 from call times: c, verify cost ratio and the speedup beside the paper's.
+
+  Raises KeyError naming the first call time missing.
+  """
   rows = []
-  target_1 = call_seconds(programs[target_name(1, 1)], generation)
+  target, drafters = seconds['target'], seconds['drafter']
+  if (1, 1) not in target:
+    raise KeyError(target_name(1, 1))
+  target_1 = target[(1, 1)]
   for (task, drafter, temperature), (gamma, alpha, paper_speedup) in tables.PAPER_TABLE2.items():
-    verify = call_seconds(programs[target_name(gamma + 1, 1)], generation)
-    draft = call_seconds(programs[drafter_name(drafter, 1)], generation)
+    if (gamma + 1, 1) not in target:
+      raise KeyError(target_name(gamma + 1, 1))
+    if (drafter, 1) not in drafters:
+      raise KeyError(drafter_name(drafter, 1))
+    verify, draft = target[(gamma + 1, 1)], drafters[(drafter, 1)]
     rows.append({'task': task, 'drafter': drafter, 'temperature': temperature, 'gamma': gamma, 'alpha': alpha,
                  'c': draft / target_1, 'verify_ratio': verify / target_1,
                  'predicted_speedup': float(theory.predicted_speedup_from_costs(alpha, gamma, draft, target_1,
                                                                                  verify)),
                  'paper_speedup': paper_speedup})
   return rows
+
+
+def predictions(programs: Mapping[str, Mapping[str, Any]], generation: str = 'v4') -> List[Dict[str, Any]]:
+  """The twelve Table-2 rows at batch 1 from the compiled programs' predicted call times."""
+  return table2_rows(compiled_seconds(programs, generation))
+
+
+# ------------------------------------------------------------------------------------------------------------
+# A measured curve (scripts/accelerator_check.py on a TPU) instead of the predicted one.
+# ------------------------------------------------------------------------------------------------------------
+
+MEASURED_TARGET = 'xxl'
+ACCELERATOR_RESULTS = 'results/accelerator'
+
+
+def measured_seconds(report: Mapping[str, Any], target: str = MEASURED_TARGET) -> Dict[str, Dict]:
+  """Call times in the form `compiled_seconds` gives, from an accelerator check's report.json.
+
+  The target's curve is `verify_curves[target][batch]['call_s']` (k = `tokens`), the drafters' steps
+  `costs[target]['draft_call_s']` (measured at batch 1, interleaved with the target's own step). Raises ValueError
+  when the report has no curve or costs for `target`.
+  """
+  curves = report.get('verify_curves', {}).get(target)
+  costs = report.get('costs', {}).get(target)
+  if not curves or not costs:
+    raise ValueError(f'the accelerator report has no verify-cost curve and costs for the {target!r} target '
+                     f'(it has curves for {sorted(report.get("verify_curves", {}))}, costs for '
+                     f'{sorted(report.get("costs", {}))}).')
+  seconds = {'target': {}, 'drafter': {}}
+  for batch, curve in curves.items():
+    for k, call_s in zip(curve['tokens'], curve['call_s']):
+      seconds['target'][(int(k), int(batch))] = float(call_s)
+  for drafter, call_s in costs['draft_call_s'].items():
+    seconds['drafter'][(drafter, 1)] = float(call_s)
+  return seconds
+
+
+def find_measured_report(repo: str, target: str = MEASURED_TARGET) -> str:
+  """The newest accelerator check's report.json run on a TPU with `target`'s curve and costs, or '' if none."""
+  root = os.path.join(repo, ACCELERATOR_RESULTS)
+  found = []
+  for name in sorted(os.listdir(root)) if os.path.isdir(root) else ():
+    path = os.path.join(root, name, 'report.json')
+    if not os.path.exists(path):
+      continue
+    with open(path, encoding='utf-8') as f:
+      report = json.load(f)
+    if (report.get('machine', {}).get('platform') == 'tpu' and target in report.get('verify_curves', {})
+        and target in report.get('costs', {})):
+      found.append((report.get('date', ''), path))
+  return max(found)[1] if found else ''
+
+
+def measured_markdown(report: Mapping[str, Any], report_path: str, compiled: Mapping[str, Any] = None,
+                      target: str = MEASURED_TARGET, generation: str = 'v4') -> str:
+  """The measured curve (beside the compiled prediction where there is one) and Table 2's speedups from it."""
+  seconds = measured_seconds(report, target)
+  machine = report.get('machine', {})
+  device = f'{machine.get("device_kind", "?")} ×{machine.get("device_count", "?")}'
+  predicted = compiled_seconds(compiled['programs'], generation)['target'] if compiled else {}
+  lines = [f'# T5-{target.upper()} verify-cost curve measured on {device}', '',
+           f'Measured by `{report.get("command", "scripts/accelerator_check.py")}` ({report_path}, '
+           f'{report.get("date", "")}, jax {machine.get("jax", "?")}); Table 2 below from these measured call times '
+           'and the paper\'s α and γ. The column "predicted" is the compiled programs\' roofline (`--verify_curve`) '
+           f'for {compiled["slice"]["name"] if compiled else "no slice"}, where it exists.', '',
+           '| k | batch | measured ms | ratio to k = 1 | predicted ms | measured / predicted |', '|---|---|---|---|---|---|']
+  for (k, batch), call_s in sorted(seconds['target'].items(), key=lambda kv: (kv[0][1], kv[0][0])):
+    base = seconds['target'].get((1, batch))
+    ratio = f'{call_s / base:.2f}' if base else ''
+    guess = predicted.get((k, batch))
+    lines.append(f'| {k} | {batch} | {call_s * 1e3:.3f} | {ratio} | '
+                 + (f'{guess * 1e3:.3f} | {call_s / guess:.2f} |' if guess else ' | |'))
+  lines += ['', '| drafter | measured ms (batch 1) |', '|---|---|']
+  for (drafter, _), call_s in sorted(seconds['drafter'].items()):
+    lines.append(f'| {drafter} | {call_s * 1e3:.3f} |')
+  try:
+    rows = table2_rows(seconds)
+  except KeyError as e:
+    lines += ['', f'(Table 2 needs {e} measured.)']
+    return '\n'.join(lines) + '\n'
+  lines += ['', f'## Table 2 at batch 1: speedups from the call times measured on {device}, beside the paper\'s', '',
+            'speedup = E[tokens] t_p / (γ t_q + t_verify) (`theory.predicted_speedup_from_costs`) with the paper\'s α '
+            'and γ and the measured t_p, t_q, t_verify.', '',
+            '| task | drafter | temperature | γ | α (paper) | c | verify / one step | speedup from measured costs | '
+            'paper speedup |', '|---|---|---|---|---|---|---|---|---|']
+  for row in rows:
+    lines.append(f'| {row["task"]} | {row["drafter"]} | {row["temperature"]:g} | {row["gamma"]} | '
+                 f'{row["alpha"]:.2f} | {row["c"]:.3f} | {row["verify_ratio"]:.2f} | '
+                 f'{row["predicted_speedup"]:.2f}X | {row["paper_speedup"]:.1f}X |')
+  return '\n'.join(lines) + '\n'
+
+
+def write_measured_markdown(report_path: str, md_path: str, compiled_json: str = '', repo: str = '') -> None:
+  """`measured_markdown` of the report at `report_path` (beside the compiled curve in `compiled_json`, if any)."""
+  with open(report_path, encoding='utf-8') as f:
+    report = json.load(f)
+  compiled = None
+  if compiled_json and os.path.exists(compiled_json):
+    with open(compiled_json, encoding='utf-8') as f:
+      compiled = json.load(f)
+  shown = os.path.relpath(report_path, repo) if repo else report_path
+  fileio.atomic_write(md_path, measured_markdown(report, shown, compiled).encode())
 
 
 def markdown(results: Mapping[str, Any], generation: str = 'v4') -> str:
