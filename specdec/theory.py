@@ -28,6 +28,7 @@ import numpy as np
 
 __all__ = [
     "expected_tokens",
+    "expected_tokens_by_depth",
     "expected_speedup",
     "operations_factor",
     "memory_reads_factor",
@@ -130,6 +131,23 @@ def expected_tokens(alpha, gamma):
     return _out(_geometric_sum(a, g))
 
 
+def expected_tokens_by_depth(acceptance):
+    """Expected tokens of one iteration whose k-th draft is kept, given drafts 1..k-1 were, with probability a_k.
+
+    E[#tokens] = 1 + Σ_{k=1..γ} Π_{j≤k} a_j, γ = len(acceptance): the round emits one token of the target's
+    plus every draft up to the first rejection, and draft k is kept with probability a_1·...·a_k. With a_k = α
+    at every depth this is Eq. 1, (1 - α^(γ+1)) / (1 - α); a drafter that accepts less at depth (a feature head
+    that predicts from ever older features) gets fewer.
+
+    Args:
+      acceptance: a_1..a_γ, each in [0, 1] (a non-empty 1-D sequence; γ is its length).
+    """
+    a = _check_alpha(acceptance, "acceptance")
+    if a.ndim != 1 or a.size == 0:
+        raise ValueError(f"acceptance must be a non-empty 1-D sequence a_1..a_γ, got {acceptance!r}")
+    return float(1.0 + np.sum(np.cumprod(a)))
+
+
 def expected_speedup(alpha, gamma, c):
     """Expected walltime improvement factor (paper Thm 3.8).
 
@@ -223,8 +241,13 @@ def best_gamma(alpha, c, verify_cost_ratios, max_gamma=None):
     maximised over the γ whose γ+1 the curve holds (ties to the smaller γ). With r ≡ 1 this is
     ``optimal_gamma``.
 
+    With per-depth acceptance (``alpha`` a sequence a_1..a_m) E[#tokens] is ``expected_tokens_by_depth`` of
+    its first γ values instead: one α at every depth overstates deep rounds for a drafter that accepts less
+    at depth.
+
     Args:
-      alpha: acceptance rate α in [0, 1] (a scalar).
+      alpha: acceptance rate α in [0, 1] (a scalar), or a_1..a_m, a_k = P(draft k kept | drafts < k kept),
+        with m at least the largest γ considered.
       c: a draft step's cost over a 1-token target call (>= 0; the in-loop c where measured).
       verify_cost_ratios: {k: r(k)} for k >= 2 tokens per call (a k = 1 entry, if given, must be 1), e.g.
         ``profiling.verify_cost_curve``'s ratios; each r(k) > 0.
@@ -233,7 +256,9 @@ def best_gamma(alpha, c, verify_cost_ratios, max_gamma=None):
     Returns:
       ``(gamma, speedup)`` as Python ``(int, float)``.
     """
-    a = float(_check_alpha(alpha))
+    a = _check_alpha(alpha)
+    if a.ndim > 1 or a.size == 0:
+        raise ValueError(f"alpha must be a scalar or a 1-D sequence a_1..a_m, got {alpha!r}")
     cc = float(_check_nonneg(c, "c"))
     try:
         curve = {int(k): float(v) for k, v in dict(verify_cost_ratios).items()}
@@ -251,8 +276,14 @@ def best_gamma(alpha, c, verify_cost_ratios, max_gamma=None):
     if not gammas:
         raise ValueError("verify_cost_ratios holds no k >= 2 (within max_gamma + 1): no γ to choose from, "
                          f"got keys {sorted(curve)}")
+    if a.ndim == 1 and gammas[-1] > a.size:
+        raise ValueError(f"alpha holds acceptance for depths 1..{a.size}, but γ up to {gammas[-1]} is "
+                         "considered: give a_k for every depth (or a smaller max_gamma)")
     # In one-token-call units: a draft step costs c, the verify call r(γ+1), a baseline token 1.
-    speedups = [predicted_speedup_from_costs(a, g, cc, 1.0, curve[g + 1]) for g in gammas]
+    if a.ndim == 0:
+        speedups = [predicted_speedup_from_costs(float(a), g, cc, 1.0, curve[g + 1]) for g in gammas]
+    else:
+        speedups = [expected_tokens_by_depth(a[:g]) / (g * cc + curve[g + 1]) for g in gammas]
     best = int(np.argmax(speedups))  # first maximum: the smaller γ on ties
     return gammas[best], speedups[best]
 

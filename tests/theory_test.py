@@ -366,3 +366,45 @@ def test_best_gamma_refuses_bad_alpha_c_and_max_gamma():
     theory.best_gamma(0.5, -0.1, {2: 1.0})
   with pytest.raises(ValueError, match='max_gamma'):
     theory.best_gamma(0.5, 0.1, {2: 1.0}, max_gamma=0)
+
+
+# ---------------------------------------------------------------------------
+# Per-depth acceptance: draft k kept, given drafts < k were, with probability a_k.
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize('a', [0.0, 0.3, 0.6, 0.95, 1.0])
+@pytest.mark.parametrize('gamma', [1, 2, 5, 8])
+def test_expected_tokens_by_depth_with_one_alpha_is_eq_1(a, gamma):
+  assert theory.expected_tokens_by_depth([a] * gamma) == pytest.approx(theory.expected_tokens(a, gamma))
+
+
+def test_expected_tokens_by_depth_by_hand_and_by_simulation():
+  # 1 + 0.8 + 0.8·0.5 + 0.8·0.5·0.25 = 2.3: less than one α (0.8 at every depth, 1 + 0.8 + 0.64 + 0.512).
+  acceptance = [0.8, 0.5, 0.25]
+  assert theory.expected_tokens_by_depth(acceptance) == pytest.approx(2.3)
+  # A round: draft k is kept with probability a_k until the first rejection; the target adds one token.
+  rng = np.random.default_rng(0)
+  kept = np.cumprod(rng.random((200_000, 3)) < np.asarray(acceptance), axis=1)
+  assert 1 + kept.sum(1).mean() == pytest.approx(2.3, abs=0.01)
+
+
+def test_best_gamma_with_per_depth_acceptance():
+  flat = {k: 1.0 for k in range(1, 10)}
+  # One α at every depth: Thm 3.8's γ, whatever list holds it.
+  assert theory.best_gamma([0.7] * 8, 0.05, flat) == pytest.approx(theory.best_gamma(0.7, 0.05, flat))
+  # Acceptance that falls at depth picks fewer drafts than one α of the same first depth.
+  falling = [0.7, 0.5, 0.3, 0.2, 0.1, 0.1, 0.1, 0.1]
+  gamma, speedup = theory.best_gamma(falling, 0.05, flat)
+  assert gamma < theory.best_gamma(0.7, 0.05, flat)[0]
+  assert speedup == pytest.approx(theory.expected_tokens_by_depth(falling[:gamma]) / (gamma * 0.05 + 1.0))
+
+
+def test_per_depth_acceptance_refuses_bad_input():
+  with pytest.raises(ValueError, match='non-empty 1-D'):
+    theory.expected_tokens_by_depth([])
+  with pytest.raises(ValueError, match=r'acceptance must lie in \[0, 1\]'):
+    theory.expected_tokens_by_depth([0.5, 1.2])
+  with pytest.raises(ValueError, match='depths 1..2'):
+    theory.best_gamma([0.5, 0.5], 0.1, {k: 1.0 for k in range(1, 5)})
+  assert theory.best_gamma([0.5, 0.5], 0.1, {k: 1.0 for k in range(1, 5)}, max_gamma=2)[0] in (1, 2)
