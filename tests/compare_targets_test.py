@@ -113,3 +113,100 @@ def test_each_target_is_paired_against_the_baseline_on_the_same_references():
   assert "against real's" in lines[1] and lines[-1].startswith(f"| self | 100.00 | {paired['delta']:+.2f} | [")
   with pytest.raises(ValueError, match='different references'):
     compare_targets.add_paired(results, dict(decodes, self={'predictions': refs, 'targets': worse}), 'real')
+
+
+def _v3_dir(tmp_path):
+  target = tmp_path / 'v3'
+  target.mkdir()
+  (target / 'config.json').write_text(json.dumps({
+      'config': {'dropout_rate': 0.1},
+      'train': {'step': 400, 'init_from_dir': str(target), 'corpus_dir': 'data/c',
+                'init_train': {'step': 600, 'init_from_dir': 'models/cpu_v2/target',
+                               'runs': [{'command': 'first', 'from_step': 0, 'to_step': 600, 'minutes': 30.0}]},
+                'runs': [{'command': 'second', 'from_step': 0, 'to_step': 400, 'minutes': 20.0}]}}))
+  return target
+
+
+def test_a_targets_steps_and_minutes_come_from_its_record_or_are_unknown(tmp_path):
+  known = compare_targets.training_record(str(_v3_dir(tmp_path)))
+  assert (known['steps'], known['minutes'], len(known['runs'])) == (1000, pytest.approx(50.0), 2)
+  assert known['unknown_because'] is None and known['source'].endswith('config.json')
+  # A gin file's caps are what a run was allowed, not what it ran: they do not stand in for a lost record.
+  gone = compare_targets.training_record(str(tmp_path / 'not_kept'), 'train/cpu_target_v3_self_real.gin')
+  assert gone['steps'] is None and gone['minutes'] is None and gone['runs'] is None
+  assert 'not here (the export was not kept)' in gone['unknown_because']
+  assert gone['gin'] == {'file': 'train/cpu_target_v3_self_real.gin', 'num_steps': 800, 'max_minutes': 70,
+                         'init_from_dir': 'models/cpu_v3/target'}
+  table = '\n'.join(compare_targets.training_markdown({'a': dict(_result('x', 3.0, 14.0), training=gone)}))
+  assert '| a | unknown | unknown | unknown | `models/cpu_v3/target` | 800 steps / 70 min' in table
+  assert '- a: unknown because' in table
+
+
+def _earlier(tmp_path, v3):
+  """An earlier run's compare.{md,json} of v3 (here) and two targets whose directories are gone."""
+  earlier = tmp_path / 'earlier'
+  earlier.mkdir()
+  command = (f'python scripts/compare_targets.py --targets v3={v3} real=runs/gone_real self=runs/gone_self '
+             '--paired_baseline real --test_examples 32 --out results/x')
+  results = {'v3': _result(str(v3), 3.0, 14.9), 'real': _result('runs/gone_real', 3.2, 14.5),
+             'self': _result('runs/gone_self', 3.0, 14.4)}
+  for name, test in (('v3', 12.3), ('real', 13.4), ('self', 11.9)):
+    results[name]['ende_test']['bleu'] = test
+  results['real']['summarize_validation_loss']['loss'] = 5.14
+  results['self']['summarize_validation_loss']['loss'] = 4.63
+  results['v3']['summarize_validation_loss']['loss'] = 4.69
+  results['real']['ende_validation_paired'] = None
+  for name in ('v3', 'self'):
+    results[name]['ende_validation_paired'] = {'against': 'real', 'baseline': 14.5, 'candidate': 14.0,
+                                               'delta': 0.1, 'delta_ci95': [-0.2, 0.4], 'n_samples': 1000,
+                                               'share_candidate_not_worse': 0.7}
+  (earlier / 'compare.json').write_text(json.dumps({'command': command, 'machine': {'processor': 'x86_64'},
+                                                    'targets': results}, sort_keys=True))
+  header = f'`{command}` · 2026-01-01T00:00:00 · x86_64, 2 CPUs, jax 0'
+  (earlier / 'compare.md').write_text(f'# Targets\n\n{header}\n\nrest\n')
+  return earlier, header, results
+
+
+def test_figures_from_an_earlier_run_keep_its_figures_and_provenance_and_add_training_and_notes(tmp_path):
+  v3 = _v3_dir(tmp_path)
+  earlier, header, figures = _earlier(tmp_path, v3)
+  out = tmp_path / 'out'
+  results = compare_targets.main(['--figures_from', str(earlier), '--train_gin', 'real=train/cpu_target_v3_self_real.gin',
+                                  '--same_data', 'summarize=real,self', '--out', str(out)])
+  assert list(results) == ['v3', 'real', 'self']  # the earlier command's order, not the json's sorted keys
+  for name, r in results.items():
+    assert {k: v for k, v in r.items() if k != 'training'} == figures[name]
+  assert results['v3']['training']['steps'] == 1000 and results['real']['training']['steps'] is None
+  written = json.loads((out / 'compare.json').read_text())
+  assert written['command'] == json.loads((earlier / 'compare.json').read_text())['command']
+  assert written['header'] == header and '--figures_from' in written['rewritten_by']
+  text = (out / 'compare.md').read_text()
+  assert text.split('\n')[2] == header and 'Rewritten by `python scripts/compare_targets.py --figures_from' in text
+  assert 'the first 32 test examples' in text  # the earlier command's settings describe its figures
+  assert 'none was trained twice' in text and 'not the variance between training runs' in text
+  assert ('whole validation split (what a decision reads): v3 14.9 > real 14.5 > self 14.4; first 32 test examples: '
+          'real 13.4 > v3 12.3 > self 11.9 (a different order).') in text
+  assert ('real and self were trained on identical summarization data, yet their summarization loss differs by '
+          '0.51 nats') in text
+  assert 'The other pairs differ by 0.45 (v3–real), 0.06 (v3–self): none by more' in text
+  assert ('real (`runs/gone_real`), self (`runs/gone_self`): not here when this file was written, so their figures '
+          "(validation and test alike) are those of the one run of the command that made them, and cannot be "
+          "recomputed; v3's can.") in text
+  # A second rewrite reads the provenance line from the json the first wrote.
+  again = tmp_path / 'again'
+  compare_targets.main(['--figures_from', str(out), '--out', str(again)])
+  assert (again / 'compare.md').read_text().split('\n')[2] == header
+
+
+def test_figures_from_and_same_data_are_checked(tmp_path):
+  earlier, _, _ = _earlier(tmp_path, _v3_dir(tmp_path))
+  for bad in (['--figures_from', str(earlier), '--targets', 'a=b'], [],
+              ['--figures_from', str(tmp_path / 'missing')],
+              ['--figures_from', str(earlier), '--card', 'v3'],
+              ['--figures_from', str(earlier), '--same_data', 'summarize=real'],
+              ['--figures_from', str(earlier), '--same_data', 'summarize=real,real'],
+              ['--figures_from', str(earlier), '--same_data', 'summary=real,self'],
+              ['--figures_from', str(earlier), '--same_data', 'summarize=real,other'],
+              ['--figures_from', str(earlier), '--train_gin', 'other=train/cpu_target.gin']):
+    with pytest.raises(SystemExit):
+      compare_targets.parse_args(bad + ['--out', str(tmp_path / 'o')])
