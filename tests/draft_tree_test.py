@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from scipy import stats
 
 from specdec import draft_tree
 from specdec import sampling
@@ -327,8 +328,10 @@ def _emitted_law(p, q, k, draw_rule, verify_rule=None, fixed_tokens=None):
     logq_dkv, valid = draft_tree.sibling_draft_log_probs(logq_dv, jnp.asarray(tokens_dk), jnp.asarray(valid_dk),
                                                          verify_rule or draw_rule)
     accept_dk, final_dv = draft_tree.sibling_acceptance(logp_dv, logq_dkv, jnp.asarray(tokens_dk), valid)
-    accept_dk, final_dv = np.asarray(accept_dk, np.float64), np.exp(np.asarray(final_dv, np.float64))
-  assert accept_dk.dtype == np.float64
+  # What the module returns is float64 under x64, before any cast here: a float32 result would leave ~1e-7 of
+  # rounding, and a 1e-9 check would then fail for that, not for the rule.
+  assert accept_dk.dtype == jnp.float64 and final_dv.dtype == jnp.float64, (accept_dk.dtype, final_dv.dtype)
+  accept_dk, final_dv = np.asarray(accept_dk), np.exp(np.asarray(final_dv))
   law = np.zeros(vocab)
   for d in range(len(draws)):
     reach = 1.0
@@ -542,34 +545,38 @@ class _PrefixTable:
     return p / p.sum()
 
 
+def _draft_rows(shape, p_table, q_table, rule, rows, draw_rng):
+  """`rows` trees drafted from the empty prefix node by node (children drawn from the drafter's q at their parent
+  by `rule`): (tokens_bn, valid_bn, the drafter's log q at each node, the target's log p at each node)."""
+  vocab = p_table.shape[1]
+  keys = jax.random.split(draw_rng, shape.num_nodes)
+  code = [jnp.zeros((rows,), jnp.int32)] + [None] * (shape.num_nodes - 1)
+  tokens = [jnp.zeros((rows,), jnp.int32)] + [None] * (shape.num_nodes - 1)
+  valid = [jnp.ones((rows,), bool)] + [None] * (shape.num_nodes - 1)
+  for node in range(shape.num_nodes):  # breadth-first: a node's code is known before its children are drawn
+    kids = [int(c) for c in shape.children[node] if c >= 0]
+    if not kids:
+      continue
+    kid_tokens, kid_valid = draft_tree.draw_children(keys[node], q_table[code[node]], len(kids), rule)
+    for i, kid in enumerate(kids):
+      tokens[kid], valid[kid] = kid_tokens[:, i], kid_valid[:, i] & valid[node]
+      code[kid] = code[node] * (vocab + 1) + tokens[kid] + 1
+  code_bn = jnp.stack(code, axis=1)
+  return jnp.stack(tokens, axis=1), jnp.stack(valid, axis=1), q_table[code_bn], p_table[code_bn]
+
+
 def _tree_round(shape, target, drafter, rule, rows, seed, wrong_q=False, verify_rule=None):
-  """ROWS jitted tree rounds from the empty prefix: the tree drafted node by node (children drawn from the
-  drafter's q at their parent by `rule`), verified by `verify_tree`. Returns the emitted sequences (accepted
-  tokens then the next token, -1 padded) [rows, D+1]."""
-  vocab = target.vocab
+  """ROWS jitted tree rounds from the empty prefix: the tree drafted node by node (`_draft_rows`), verified by
+  `verify_tree`. Returns the emitted sequences (accepted tokens then the next token, -1 padded) [rows, D+1]."""
   p_table, q_table = jnp.asarray(target.logp), jnp.asarray(drafter.logp)
 
   @jax.jit
   def run(rng, p_table, q_table):
     draw_rng, verify_rng = jax.random.split(rng)
-    keys = jax.random.split(draw_rng, shape.num_nodes)
-    code = [jnp.zeros((rows,), jnp.int32)] + [None] * (shape.num_nodes - 1)
-    tokens = [jnp.zeros((rows,), jnp.int32)] + [None] * (shape.num_nodes - 1)
-    valid = [jnp.ones((rows,), bool)] + [None] * (shape.num_nodes - 1)
-    for node in range(shape.num_nodes):  # breadth-first: a node's code is known before its children are drawn
-      kids = [int(c) for c in shape.children[node] if c >= 0]
-      if not kids:
-        continue
-      kid_tokens, kid_valid = draft_tree.draw_children(keys[node], q_table[code[node]], len(kids), rule)
-      for i, kid in enumerate(kids):
-        tokens[kid], valid[kid] = kid_tokens[:, i], kid_valid[:, i] & valid[node]
-        code[kid] = code[node] * (vocab + 1) + tokens[kid] + 1
-    code_bn = jnp.stack(code, axis=1)
-    logq_bnv = q_table[code_bn]
+    tokens_bn, valid_bn, logq_bnv, logp_bnv = _draft_rows(shape, p_table, q_table, rule, rows, draw_rng)
     if wrong_q:  # a bug to catch: every node verified with the root's q
       logq_bnv = jnp.broadcast_to(logq_bnv[:, :1], logq_bnv.shape)
-    return draft_tree.verify_tree(verify_rng, shape, jnp.stack(tokens, axis=1), logq_bnv, p_table[code_bn],
-                                  jnp.stack(valid, axis=1), verify_rule or rule)
+    return draft_tree.verify_tree(verify_rng, shape, tokens_bn, logq_bnv, logp_bnv, valid_bn, verify_rule or rule)
 
   verdict = run(jax.random.PRNGKey(seed), p_table, q_table)
   tokens_bd, n_b = np.asarray(verdict.tokens_bd), np.asarray(verdict.num_accepted_b)
@@ -649,12 +656,45 @@ class TestWholeTree:
     assert toy.chi_square_pvalue(_complete(emitted, target, 2, seed=2), _target_law(target, 2)) < 1e-6
 
   def test_a_chain_accepts_like_verify(self, models):
-    # A chain tree with one child per node is Algorithm 1: the same acceptance counts' law as sampling.verify.
+    """A chain tree (one child per node) is Algorithm 1: on the same drafts, q and p, `verify_tree` and
+    `sampling.verify` draw (accepted count, next token) from the same law, and the counts from the exact
+    per-row law of Algorithm 1 (draft j+1 kept with min(1, p_j/q_j) once drafts 1..j were)."""
     target, drafter = models
     shape = draft_tree.static_tree((), 2)
-    emitted, n_b = _tree_round(shape, target, drafter, 'with_replacement', self.ROWS, seed=4)
-    assert toy.chi_square_pvalue(_complete(emitted, target, 2, seed=5), _target_law(target, 2)) > 1e-3
-    assert 0 < np.mean(n_b == 2) < 1
+
+    @jax.jit
+    def run(rng, p_table, q_table, wrong_q):
+      draw_rng, tree_rng, chain_rng = jax.random.split(rng, 3)
+      tokens_bn, valid_bn, logq_bnv, logp_bnv = _draft_rows(shape, p_table, q_table, 'with_replacement', self.ROWS,
+                                                            draw_rng)
+      tree_logq_bnv = jnp.where(wrong_q, jnp.broadcast_to(logq_bnv[:, :1], logq_bnv.shape), logq_bnv)
+      tree = draft_tree.verify_tree(tree_rng, shape, tokens_bn, tree_logq_bnv, logp_bnv, valid_bn,
+                                    'with_replacement')
+      chain = sampling.verify(chain_rng, tokens_bn[:, 1:], logq_bnv[:, :2], logp_bnv)
+      drafts_bg = tokens_bn[:, 1:]
+      accept_bg = sampling.acceptance_probability(sampling.token_log_prob(logp_bnv[:, :2], drafts_bg),
+                                                  sampling.token_log_prob(logq_bnv[:, :2], drafts_bg))
+      return tree, chain, accept_bg
+
+    tables = jnp.asarray(target.logp), jnp.asarray(drafter.logp)
+    tree, chain, accept_bg = run(jax.random.PRNGKey(4), *tables, False)
+    a1, a2 = np.asarray(accept_bg, np.float64).T
+    expected = np.stack([1 - a1, a1 * (1 - a2), a1 * a2], axis=1).sum(axis=0)  # Σ over rows of P(n | row)
+    counts = {}
+    for name, verdict in (('tree', tree), ('verify', chain)):
+      n_b, next_b = np.asarray(verdict.num_accepted_b), np.asarray(verdict.next_token_b)
+      counts[name] = np.bincount(n_b * target.vocab + next_b, minlength=3 * target.vocab)
+      # Rows differ in their law: Pearson's statistic against the summed expectation is conservative, not wrong.
+      assert stats.chisquare(np.bincount(n_b, minlength=3), expected).pvalue > 1e-3, name
+    assert np.all(counts['tree'].reshape(3, -1).sum(axis=1) > 1000)  # every count, 0 to 2, is common
+    keep = (counts['tree'] + counts['verify']) > 0
+    assert stats.chi2_contingency(np.stack([counts['tree'][keep], counts['verify'][keep]])).pvalue > 1e-3
+    # The same check sees a walk that verifies every node with the root's q.
+    wrong, _, _ = run(jax.random.PRNGKey(4), *tables, True)
+    wrong_counts = np.bincount(np.asarray(wrong.num_accepted_b) * target.vocab + np.asarray(wrong.next_token_b),
+                               minlength=3 * target.vocab)
+    keep = (wrong_counts + counts['verify']) > 0
+    assert stats.chi2_contingency(np.stack([wrong_counts[keep], counts['verify'][keep]])).pvalue < 1e-6
 
   def test_identical_models_accept_everything(self, models):
     target, _ = models
@@ -685,6 +725,139 @@ class TestWholeTree:
     without_q = draft_tree.verify_tree(jax.random.PRNGKey(1), shape, tokens, None, logp, rule='fixed')
     for a, b in zip(with_q, without_q):
       np.testing.assert_array_equal(a, b)
+
+
+def _exact_tables(vocab=3, seed=5):
+  """{prefix: p} and {prefix: q} (float64) for every prefix of up to two tokens: random laws, with a token of no
+  mass in a few of them (q lacking one of p's tokens, p lacking one of q's)."""
+  rng = np.random.RandomState(seed)
+  prefixes = [()] + [(a,) for a in range(vocab)] + [(a, b) for a in range(vocab) for b in range(vocab)]
+  p, q = {}, {}
+  for i, prefix in enumerate(prefixes):
+    p[prefix], q[prefix] = rng.dirichlet(np.ones(vocab)), rng.dirichlet(np.ones(vocab))
+    if i % 4 == 1:
+      q[prefix][i % vocab] = 0.0
+    if i % 4 == 2:
+      p[prefix][(i + 1) % vocab] = 0.0
+    p[prefix], q[prefix] = p[prefix] / p[prefix].sum(), q[prefix] / q[prefix].sum()
+  return p, q
+
+
+def _tree_drafts(shape, q, rule):
+  """Every draft of `shape` (children drawn from q at their parent's prefix by `rule`, 'fixed': q's top-k), as
+  rows: (probability [R], tokens [R, n], valid [R, n], prefix of each node [R][n])."""
+  rows = [(1.0, [0], [True], [()])]
+  for node in range(shape.num_nodes):  # breadth-first: a node's prefix is known before its children are drawn
+    kids = [int(c) for c in shape.children[node] if c >= 0]
+    if not kids:
+      continue
+    grown = []
+    for prob, tokens, valid, prefixes in rows:
+      if not valid[node]:  # an invalid node's children do not exist
+        draws = [(1.0, (0,) * len(kids), (False,) * len(kids))]
+      else:
+        law = q[prefixes[node]]
+        draws = _draws(law, len(kids), rule, tuple(np.argsort(-law, kind='stable')[:len(kids)]))
+      for d_prob, d_tokens, d_valid in draws:
+        t, v, pre = list(tokens), list(valid), list(prefixes)
+        for kid, token, ok in zip(kids, d_tokens, d_valid):
+          t.append(int(token))
+          v.append(bool(ok and valid[node]))
+          pre.append(prefixes[node] + (int(token),))
+        assert len(t) == kids[-1] + 1  # breadth-first numbering: the kids are the next nodes
+        grown.append((prob * d_prob, t, v, pre))
+    rows = grown
+  return (np.asarray([r[0] for r in rows]), np.asarray([r[1] for r in rows], np.int32),
+          np.asarray([r[2] for r in rows], bool), [r[3] for r in rows])
+
+
+def _exact_two_token_law(shape, p, q, rule, wrong_q=False):
+  """The exact law of the first two tokens of a decode whose first round drafts `shape` from q and is walked by
+  `verify_tree` against p (the next round, where this one emitted one token, draws from p): every draft and every
+  coin outcome enumerated, float64.
+
+  The coins are enumerated through `verify_tree` itself: its draw of the first accepted child at depth d is
+  replaced by a chosen outcome (-1: all rejected), weighted by the probability verify_tree's own acceptance
+  probabilities give it, and its final sample by the law it would be drawn from."""
+  vocab = len(p[()])
+  assert shape.max_depth <= 2  # the tables hold prefixes of up to two tokens
+  prob_r, tokens_rn, valid_rn, prefixes = _tree_drafts(shape, q, rule)
+  logq_rnv = np.stack([[_log(q[pre]) for pre in row] for row in prefixes])
+  logp_rnv = np.stack([[_log(p[pre]) for pre in row] for row in prefixes])
+  if wrong_q:  # a bug to catch: every node verified with the root's q
+    logq_rnv = np.broadcast_to(logq_rnv[:, :1], logq_rnv.shape)
+  rows = len(prob_r)
+  outcomes = [range(-1, shape.max_children)] * shape.max_depth
+  law = np.zeros((vocab, vocab))
+  for chosen in itertools.product(*outcomes):
+    weights, depth, final = [], [0], {}
+
+    def first_accepted(rng, accept_rk, chosen=chosen):
+      del rng
+      o = chosen[depth[0]]
+      accept_rk = np.asarray(accept_rk, np.float64)
+      reject_rk = np.cumprod(1.0 - accept_rk, axis=1)
+      weights.append(reject_rk[:, -1] if o < 0 else accept_rk[:, o] * (reject_rk[:, o - 1] if o else 1.0))
+      depth[0] += 1
+      return jnp.full((accept_rk.shape[0],), o, jnp.int32)
+
+    def sample(rng, logp_rv, greedy=False):
+      del rng, greedy
+      final['p'] = np.exp(np.asarray(logp_rv, np.float64))
+      return jnp.zeros(logp_rv.shape[:1], jnp.int32)
+
+    with pytest.MonkeyPatch.context() as patch, jax.enable_x64(True):
+      patch.setattr(draft_tree, '_first_accepted', first_accepted)
+      patch.setattr(draft_tree.sampling, 'sample', sample)
+      verdict = draft_tree.verify_tree(jax.random.PRNGKey(0), shape, jnp.asarray(tokens_rn), jnp.asarray(logq_rnv),
+                                       jnp.asarray(logp_rnv), jnp.asarray(valid_rn), rule)
+    n_r, tokens_rd = np.asarray(verdict.num_accepted_b), np.asarray(verdict.tokens_bd)
+    weight_r = prob_r.copy()
+    for d, o in enumerate(chosen):
+      # After the walk stopped (at depth s), later outcomes are not drawn: count each stopped walk once.
+      stopped_r = n_r < d
+      weight_r *= np.where(stopped_r, float(o == -1), weights[d])
+    assert np.all(final['p'][weight_r > 0].sum(axis=1) > 1 - 1e-9)
+    for r in np.flatnonzero(weight_r > 0):
+      if n_r[r] >= 2:
+        law[tokens_rd[r, 0], tokens_rd[r, 1]] += weight_r[r]
+      elif n_r[r] == 1:
+        law[tokens_rd[r, 0]] += weight_r[r] * final['p'][r]
+      else:  # one token this round; the next round draws the second from p
+        law += weight_r[r] * final['p'][r][:, None] * np.stack([p[(a,)] for a in range(vocab)])
+  return law
+
+
+class TestWholeTreeExactly:
+  """The whole tree's law, exactly: every draft of the tree (2,)+1 over V = 3 and every accept/reject outcome
+  at both depths, in float64. Two tokens: the first is the root's siblings', the second an accepted child's
+  child's, its residual or the bonus token, or (after a rejection at the root) the next round's."""
+
+  SHAPE = draft_tree.static_tree((2,), 1)
+
+  @pytest.mark.parametrize('rule', draft_tree.RULES)
+  def test_the_first_two_tokens_have_the_targets_law(self, rule):
+    p, q = _exact_tables()
+    law = _exact_two_token_law(self.SHAPE, p, q, rule)
+    want = np.stack([p[()][a] * p[(a,)] for a in range(3)])
+    np.testing.assert_allclose(law, want, rtol=0, atol=1e-9)
+
+  @pytest.mark.parametrize('rule', draft_tree.RULES)
+  def test_a_wrong_acceptance_rule_fails(self, rule, monkeypatch):
+    # The ratio inverted, min(1, q/p): a plausible slip that the enumeration must see under every rule.
+    p, q = _exact_tables()
+    want = np.stack([p[()][a] * p[(a,)] for a in range(3)])
+    inverted = lambda logp, logq, lenience=1.0: jnp.exp(jnp.minimum(jnp.nan_to_num(logq - logp), 0.0))
+    monkeypatch.setattr(draft_tree.sampling, 'acceptance_probability', inverted)
+    law = _exact_two_token_law(self.SHAPE, p, q, rule)
+    assert np.max(np.abs(law - want)) > 1e-2
+
+  @pytest.mark.parametrize('rule', ['with_replacement', 'without_replacement'])
+  def test_every_node_verified_with_the_roots_q_fails(self, rule):
+    p, q = _exact_tables()
+    want = np.stack([p[()][a] * p[(a,)] for a in range(3)])
+    law = _exact_two_token_law(self.SHAPE, p, q, rule, wrong_q=True)
+    assert np.max(np.abs(law - want)) > 1e-2
 
 
 @pytest.mark.parametrize('spec, want', [('2+2', ((2,), 2)), ('3x2+1', ((3, 2), 1)), ('+4', ((), 4)), ('4', ((), 4)),
