@@ -232,7 +232,8 @@ def auto_lines(report: dict) -> list:
     fixed = [r for r in report['rows'] if r['run'] != name and r['run'] == row_label(
         family, run_name(choice['drafter'], r.get('gamma'), choice['draft_confidence']))]
     gamma = choice['gamma']
-    line = (f"- **{name}** chose γ = {gamma} (α {choice['alpha']:.3f} at γ = {choice['probe_gamma']}, c "
+    line = (f"- **{name}** chose γ = {gamma} (α {choice['alpha']:.3f} at γ = {choice['probe_gamma']}"
+            f"{auto_gamma.depth_note(choice)}, c "
             f"{choice['c_in_loop']:.3f}, a {gamma + 1}-token verify = {choice['verify_curve']['ratio'][gamma]:.2f} "
             f"one-token calls; predicted {choice['predicted_speedup']:.2f}×; Thm 3.8 alone: γ = "
             f"{choice['thm38_gamma']}; chosen in {choice['seconds']:.0f} s, not timed)")

@@ -2,6 +2,7 @@
 
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
+from specdec import auto_gamma
 from specdec import machine_load
 from specdec import reporting
 from specdec import task_names
@@ -90,7 +91,8 @@ def table2_markdown(summaries: Sequence[Mapping[str, Any]], title: str = 'Table 
         ratios = ', '.join(f'{k}: {r:.2f}' for k, r in zip(curve['tokens'][1:], curve['ratio'][1:]))
         lines += ['', f"γ (auto) of {TASK_LABEL.get(x['task'], x['task'])}, {x['drafter']}, t = "
                   f"{x['setting']['temperature']:g}: **{auto['gamma']}**, the best for α {auto['alpha']:.2f} "
-                  f"(calibration at γ {auto['probe_gamma']}) and in-loop c {auto['c_in_loop']:.3f} on this "
+                  f"(calibration at γ {auto['probe_gamma']}{auto_gamma.depth_note(auto)}) and in-loop c "
+                  f"{auto['c_in_loop']:.3f} on this "
                   f"machine's verify-cost curve (k tokens: cost over a 1-token call; {ratios}), predicted "
                   f"{auto['predicted_speedup']:.2f}× (`auto_gamma`)."]
     for x in summaries:

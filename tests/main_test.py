@@ -501,10 +501,13 @@ def test_a_table_row_of_gamma_auto_decodes_at_the_gamma_it_chose_and_keeps_it(fa
   chosen = json.loads((row_dir / 'gamma_auto.json').read_text())
   assert summary['gamma_auto'] == chosen and summary['fingerprint']['gamma'] == 'auto'
   assert summary['setting']['gamma'] == chosen['gamma'] >= 1
-  assert chosen['gamma'] == auto_gamma.pick(chosen['alpha'], chosen['c_in_loop'], chosen['verify_curve'])['gamma']
+  assert chosen['gamma'] == auto_gamma.pick(chosen['alpha'], chosen['c_in_loop'], chosen['verify_curve'],
+                                            acceptance=chosen['acceptance_by_depth'])['gamma']
+  assert chosen['machine'] == auto_gamma.this_machine()
   text = (out / 'table.md').read_text()
   assert f"| En→De (DDTP) | d1 | 0 | {chosen['gamma']} (auto) |" in text
   assert f"γ (auto) of En→De (DDTP), d1, t = 0: **{chosen['gamma']}**" in text
+  assert auto_gamma.depth_note(chosen) in text
 
   def measured_again(*args, **kwargs):
     raise AssertionError('the choice was measured again')

@@ -210,6 +210,10 @@ def test_compare_drafters_auto_line_measures_the_choice_against_the_best_fixed_g
   assert ('- **f128:auto** chose γ = 2 (α 0.610 at γ = 2, c 0.080, a 3-token verify = 1.30 one-token calls; '
           'predicted 1.40×; Thm 3.8 alone: γ = 4; chosen in 12 s, not timed): measured **1.250×**, the best fixed '
           'γ here f128:3 1.300×, auto / best = **0.962**.') in text
+  # A choice made from acceptance by depth says so, and what one α at every depth would have picked.
+  report['gamma_auto'][0].update(acceptance_by_depth=[0.65, 0.55], gamma_one_alpha=3)
+  assert ('chose γ = 2 (α 0.610 at γ = 2; acceptance by depth 0.65, 0.55, one α at every depth: γ = 3, c 0.080'
+          in compare_drafters.markdown(report))
   report['rows'] = report['rows'][-1:]
   assert 'not timed).' in compare_drafters.markdown(report)
 
