@@ -534,3 +534,23 @@ def test_evaluate_family_counts_a_continued_models_steps_over_its_runs():
   continued = {'step': 1890, 'runs': [run(0, 1890)], 'init_train': first, 'init_from_dir': 'models/cpu_v3/target'}
   first['init_from_dir'] = 'models/cpu_v2/target'
   assert evaluate_family.train_steps(continued) == '2950 (from `models/cpu_v2/target`)'
+
+
+def test_gamma_auto_by_depth_repicks_a_stored_row_from_its_acceptance_by_depth():
+  import gamma_auto_by_depth  # pylint: disable=g-import-not-at-top
+  flat = {'tokens': list(range(1, 10)), 'ratio': [1.0] * 9}
+  # 10 rounds at γ 3: draft 1 kept in 6, draft 2 in 3, draft 3 in none; judged 10 + 6 + 3 = 19 (a round that kept
+  # draft k < 3 judged k + 1). Acceptance by depth 0.6, 0.5, 0: one α (0.6, stored γ 8 on a flat curve) overstates.
+  summary = {'task': 'specdec_ende_local', 'drafter': 'f128', 'setting': {'temperature': 0.0, 'gamma': 3},
+             'target_calls': 10, 'judged': 19, 'acceptance_per_position': [0.6, 0.5, 0.0], 'speedup': 1.2,
+             'gamma_auto': {'gamma': 8, 'alpha': 0.6, 'c_in_loop': 0.0, 'verify_curve': flat}}
+  row = gamma_auto_by_depth.repick(summary)
+  assert row['acceptance_by_depth'] == pytest.approx([0.6, 0.5, 0.0])
+  assert row['gamma_one_alpha'] == 8
+  assert row['gamma_probe_depths'] == 8  # 0.6 then 0.5 at every depth: on a flat curve the widest still pays
+  assert row['gamma_every_depth'] == 2 and row['predicted_every_depth'] == pytest.approx(1 + 0.6 + 0.3)
+  rep = {'command': 'python scripts/gamma_auto_by_depth.py x.json --out y', 'date': '2026-12-05',
+         'probe_gamma': 2, 'rows': [dict(row, file='results/main_job/x.json')]}
+  text = gamma_auto_by_depth.markdown(rep)
+  assert '| x.json | specdec_ende_local | f128 | 0 | 8 | 0.60, 0.50, 0.00 | 8 (' in text and '| **2** (1.90×) |' in text
+  assert 'From depths 1..2: 0 of 1 rows change.' in text
