@@ -31,6 +31,8 @@ decode step, l cache length, h heads, d head_dim, e emb_dim, v vocab.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import functools
 import math
@@ -51,6 +53,45 @@ Initializer = Callable[..., Array]
 # Masked attention logits are replaced by this (T5X adds it: same softmax).
 # Finite, so a fully masked row (a padding query) gives no NaN.
 _MASKED_LOGIT = -1e10
+
+# -----------------------------------------------------------------------------
+# Activation layout
+# -----------------------------------------------------------------------------
+
+# T5X pins activations to logical axes (batch, length, embed / mlp / heads)
+# with sharding constraints. Without them, XLA's sharding propagation follows
+# 2-D (embed-sharded) weights and contracts matmuls over the weights' sharded
+# embed axis, holding the whole batch's activations on every chip and summing
+# them by all-reduces. The constraints apply only inside `activation_layout`
+# (the trainer's step); elsewhere `constrain` is the identity, so decoding
+# and single-device programs are unchanged.
+_ACTIVATION_LAYOUT: contextvars.ContextVar = contextvars.ContextVar(
+    'activation_layout', default=None)
+
+BATCH_LENGTH_EMBED = ('batch', 'length', 'embed')
+BATCH_LENGTH_MLP = ('batch', 'length', 'mlp')
+BATCH_LENGTH_HEADS_KV = ('batch', 'length', 'heads', 'kv')
+BATCH_LENGTH_VOCAB = ('batch', 'length', 'vocab')
+
+
+@contextlib.contextmanager
+def activation_layout(mesh: Any, rules: Sequence[tuple]):
+  """Within it (at trace time), activations are constrained to T5X's logical axes on `mesh` by `rules`."""
+  token = _ACTIVATION_LAYOUT.set((mesh, tuple(rules)))
+  try:
+    yield
+  finally:
+    _ACTIVATION_LAYOUT.reset(token)
+
+
+def constrain(x: Array, logical_axes: tuple) -> Array:
+  """`x` constrained to `logical_axes` inside `activation_layout`; else `x` itself."""
+  layout = _ACTIVATION_LAYOUT.get()
+  if layout is None:
+    return x
+  mesh, rules = layout
+  return nn.with_logical_constraint(x, logical_axes, rules=rules, mesh=mesh)
+
 
 # -----------------------------------------------------------------------------
 # Config
@@ -363,6 +404,7 @@ class MlpBlock(nn.Module):
       hidden = h if hidden is None else hidden * h
     hidden = _dropout(self, hidden, cfg.dropout_rate, deterministic,
                       broadcast_dims=(-2,))
+    hidden = constrain(hidden, BATCH_LENGTH_MLP)
     return dense((x.shape[-1],), ('mlp', 'embed'), name='wo')(hidden)
 
 
@@ -406,13 +448,17 @@ class MultiHeadAttention(nn.Module):
                             deterministic, broadcast_dims=(-2,))
     x_bqhd = jnp.einsum('bhqk,bkhd->bqhd', weights_bhqk,
                         value_bkhd.astype(dtype))
-    return self.out(x_bqhd)
+    x_bqhd = constrain(x_bqhd, BATCH_LENGTH_HEADS_KV)
+    return constrain(self.out(x_bqhd), BATCH_LENGTH_EMBED)
 
   def __call__(self, inputs_q: Array, inputs_kv: Array, mask: Optional[Array],
                bias: Optional[Array], deterministic: bool) -> Array:
     """Queries [B, q, E] attend to keys/values [B, k, E] -> [B, q, E]."""
-    return self.attend(self.query(inputs_q), self.key(inputs_kv),
-                       self.value(inputs_kv), mask, bias, deterministic)
+    project = lambda dense, x: constrain(dense(x), BATCH_LENGTH_HEADS_KV)
+    return self.attend(project(self.query, inputs_q),
+                       project(self.key, inputs_kv),
+                       project(self.value, inputs_kv), mask, bias,
+                       deterministic)
 
 
 class CachedSelfAttention(MultiHeadAttention):
@@ -485,12 +531,16 @@ class EncoderLayer(nn.Module):
     dropout = functools.partial(_dropout, self, rate=cfg.dropout_rate,
                                 deterministic=deterministic,
                                 broadcast_dims=(-2,))
-    h = RmsNorm(cfg.dtype, name='pre_attention_layer_norm')(x_bse)
+    x_bse = constrain(x_bse, BATCH_LENGTH_EMBED)
+    h = constrain(RmsNorm(cfg.dtype, name='pre_attention_layer_norm')(x_bse),
+                  BATCH_LENGTH_EMBED)
     h = MultiHeadAttention(cfg, name='attention')(h, h, mask, bias,
                                                   deterministic)
-    x_bse = x_bse + dropout(h)
-    h = RmsNorm(cfg.dtype, name='pre_mlp_layer_norm')(x_bse)
-    return x_bse + dropout(MlpBlock(cfg, name='mlp')(h, deterministic))
+    x_bse = constrain(x_bse + dropout(h), BATCH_LENGTH_EMBED)
+    h = constrain(RmsNorm(cfg.dtype, name='pre_mlp_layer_norm')(x_bse),
+                  BATCH_LENGTH_EMBED)
+    return constrain(x_bse + dropout(MlpBlock(cfg, name='mlp')(h, deterministic)),
+                     BATCH_LENGTH_EMBED)
 
 
 class DecoderLayer(nn.Module):
@@ -516,10 +566,14 @@ class DecoderLayer(nn.Module):
     dropout = functools.partial(_dropout, self, rate=self.config.dropout_rate,
                                 deterministic=deterministic,
                                 broadcast_dims=(-2,))
-    y = y + dropout(self_attend(self.pre_self_attention_layer_norm(y)))
-    y = y + dropout(cross_attend(self.pre_cross_attention_layer_norm(y)))
-    h = self.mlp(self.pre_mlp_layer_norm(y), deterministic)
-    return y + dropout(h)
+    norm = lambda layer_norm, x: constrain(layer_norm(x), BATCH_LENGTH_EMBED)
+    y = constrain(y, BATCH_LENGTH_EMBED)
+    y = y + dropout(self_attend(norm(self.pre_self_attention_layer_norm, y)))
+    y = constrain(y, BATCH_LENGTH_EMBED)
+    y = y + dropout(cross_attend(norm(self.pre_cross_attention_layer_norm, y)))
+    y = constrain(y, BATCH_LENGTH_EMBED)
+    h = self.mlp(norm(self.pre_mlp_layer_norm, y), deterministic)
+    return constrain(y + dropout(h), BATCH_LENGTH_EMBED)
 
   def __call__(self, y_bte: Array, encoded_bse: Array, self_mask: Array,
                cross_mask: Array, bias_1htt: Array,
@@ -559,6 +613,7 @@ class Encoder(nn.Module):
     cfg = self.config
     x = self.shared_embedding(tokens_bs)
     x = _dropout(self, x, cfg.dropout_rate, deterministic, broadcast_dims=(-2,))
+    x = constrain(x, BATCH_LENGTH_EMBED)
     # As T5X, relative positions are row indices even in packed rows: segments
     # only shift them, and the bias depends on differences alone.
     positions_1s = jnp.arange(tokens_bs.shape[1])[None]
@@ -568,7 +623,8 @@ class Encoder(nn.Module):
       x = EncoderLayer(cfg, name=f'layers_{i}')(x, mask_b1ss, bias,
                                                deterministic)
     x = RmsNorm(cfg.dtype, name='encoder_norm')(x)
-    return _dropout(self, x, cfg.dropout_rate, deterministic)
+    x = _dropout(self, x, cfg.dropout_rate, deterministic)
+    return constrain(x, BATCH_LENGTH_EMBED)
 
 
 class Decoder(nn.Module):
@@ -589,8 +645,9 @@ class Decoder(nn.Module):
 
   def _embed(self, tokens: Array, deterministic: bool) -> Array:
     y = self.shared_embedding(tokens)
-    return _dropout(self, y, self.config.dropout_rate, deterministic,
-                    broadcast_dims=(-2,))
+    y = _dropout(self, y, self.config.dropout_rate, deterministic,
+                 broadcast_dims=(-2,))
+    return constrain(y, BATCH_LENGTH_EMBED)
 
   def _features(self, y: Array, deterministic: bool) -> Array:
     """The final features: what the output projection reads, [..., E]."""
@@ -637,6 +694,8 @@ class Decoder(nn.Module):
       logits = project_rows(features, projection_ek)
     else:
       logits = self.project(features, vocab_ids)
+    if vocab_ids is None and projection_ek is None:
+      logits = constrain(logits, BATCH_LENGTH_VOCAB)
     return (logits, features) if return_features else logits
 
   def __call__(self, encoded_bse: Array, tokens_bt: Array, self_mask: Array,

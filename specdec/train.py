@@ -361,7 +361,9 @@ def jit_train_step(config: train_config.TrainConfig, layout: TrainLayout, teache
   optimizer = layout.optimizer
 
   def train_step(state, batch, rng):
-    (loss, metrics), grads = grad_fn(state['params'], batch, rng)
+    # Activations pinned to T5X's (batch, length, ...) layout on the mesh, as T5X's network pins them.
+    with network.activation_layout(layout.mesh, layout.rules):
+      (loss, metrics), grads = grad_fn(state['params'], batch, rng)
     updates, opt_state = optimizer.update(grads, state['opt_state'], state['params'])
     params = optax.apply_updates(state['params'], updates)
     metrics = dict(metrics, loss=loss, grad_norm=optax.tree_utils.tree_norm(grads))

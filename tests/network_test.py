@@ -716,3 +716,47 @@ def test_a_layout_of_the_wrong_shape_is_refused(params, tree_case):
   with pytest.raises(ValueError, match='SlotLayout.positions_bk must be'):
     MODEL.apply({'params': params, 'cache': tree_case['cache']}, tree_case['tokens_bn'][:, :3],
                 tree_case['cur_b'], layout=layout, method=Transformer.decode_step, mutable=['cache'])
+
+
+# -----------------------------------------------------------------------------
+# Activation layout (the trainer's T5X activation pins)
+# -----------------------------------------------------------------------------
+
+_RULES = (('batch', 'data'), ('vocab', 'model'), ('mlp', 'model'), ('heads', 'model'),
+          ('kv', None), ('embed', None), ('length', None))
+
+
+def _one_device_mesh():
+  return jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ('data', 'model'))
+
+
+def test_constrain_is_the_identity_outside_a_layout():
+  x = jnp.ones((2, 3, 4))
+  assert network.constrain(x, network.BATCH_LENGTH_EMBED) is x
+
+
+def test_layout_pins_activations_and_keeps_the_values(params, data):
+  enc, dec_in, dec_tgt = data['enc'], data['dec_in'], data['targets']
+  apply = lambda p, *a: MODEL.apply({'params': p}, *a, enable_dropout=False)
+
+  def pinned(p, *a):
+    with network.activation_layout(_one_device_mesh(), _RULES):
+      return apply(p, *a)
+
+  # Shardy writes a constraint as `sdy.sharding_constraint`, the older GSPMD lowering as `@Sharding`.
+  constraints = lambda text: text.count('sharding_constraint') + text.count('@Sharding')
+  plain_text = jax.jit(apply).lower(params, enc, dec_in, dec_tgt).as_text()
+  pinned_lowered = jax.jit(pinned).lower(params, enc, dec_in, dec_tgt)
+  # Every layer's residual stream, MLP hidden, q/k/v and the logits: dozens of constraints in the
+  # pinned program, none in the plain one (decoding and one-device programs stay as they were).
+  assert constraints(plain_text) == 0
+  assert constraints(pinned_lowered.as_text()) >= 2 * (CFG.num_encoder_layers + CFG.num_decoder_layers)
+  np.testing.assert_array_equal(np.asarray(pinned_lowered.compile()(params, enc, dec_in, dec_tgt)),
+                                np.asarray(forward(params, enc, dec_in, dec_tgt)))
+
+
+def test_layout_ends_with_its_block():
+  with network.activation_layout(_one_device_mesh(), _RULES):
+    pass
+  x = jnp.ones((2, 3, 4))
+  assert network.constrain(x, network.BATCH_LENGTH_EMBED) is x

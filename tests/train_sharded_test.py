@@ -33,6 +33,7 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 import pytest
+from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from tests import device_pool
@@ -43,6 +44,7 @@ from specdec import partitioning
 from specdec import t5x_checkpoint
 from specdec import tasks
 from specdec import train
+from specdec import train_config
 
 NUM_DEVICES = 8
 DEVICE_FLAG = f'--xla_force_host_platform_device_count={NUM_DEVICES}'
@@ -249,6 +251,29 @@ def _case_bad_layouts(root):
   return errors
 
 
+def _case_activation_layout():
+  """Temporary bytes of the 2-D-param step on a 4 x 2 mesh, with T5X's activation pins and without."""
+  _child_setup()
+  config = train_config.TrainConfig(
+      model_dir='/nonexistent', network_config=CFG,
+      data=train_config.DataConfig(feature_lengths=tuple(LENGTHS.items()), batch_size=BATCH),
+      partitioning=train_config.PartitioningConfig(num_partitions=2, parameter_partitioning_dims=2))
+  layout = train.lay_out(config, Mesh(np.array(jax.devices()).reshape(4, 2), ('data', 'model')))
+  batch = {k: jax.ShapeDtypeStruct((BATCH, LENGTHS['inputs' if k.startswith('encoder') else 'targets']),
+                                   np.int32) for k in train.BATCH_KEYS}
+  rng = jax.ShapeDtypeStruct((2,), np.uint32)
+
+  def temporaries():
+    compiled = train.jit_train_step(config, layout).lower(layout.shapes, batch, rng).compile()
+    return compiled.memory_analysis().temp_size_in_bytes
+
+  pinned = temporaries()
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(network, 'activation_layout', lambda *a, **k: contextlib.nullcontext())
+    unpinned = temporaries()
+  return pinned, unpinned
+
+
 def _case_init_from_t5x(root):
   """A T5X checkpoint read into the 2x4 mesh's shards, then trained from."""
   _child_setup()
@@ -412,6 +437,14 @@ def test_bad_layouts_fail_before_anything_is_written(devices8, tmp_path):
     message, written = errors[name]
     assert message is not None and re.search(pattern, message), (name, message)
     assert not written, name
+
+
+def test_activations_are_pinned_to_the_batch_layout(devices8):
+  # With 2-D params (embed over 'data'), XLA left alone contracts the matmuls over the weights' sharded embed and
+  # keeps every activation of the whole batch on each device; T5X's pins (network.activation_layout) split them
+  # by batch over the 4 'data' rows, so the step's temporaries (activations, mostly) must shrink well below.
+  pinned, unpinned = _in_child(devices8, _case_activation_layout)
+  assert pinned < 0.75 * unpinned, (pinned, unpinned)
 
 
 class TestInitFromT5X:
