@@ -17,9 +17,17 @@ keeps resident:
                attention logits f32 + weights + q/k/v, or its MLP hidden
                states, plus two residual streams); decoding's own
                temporaries ([B, gamma + 1, V] logits) are far smaller
+  loop kernels a second copy, in param_dtype, of each decoder's (embed,
+               joined_kv) kernels the decode loop reads: self-attention
+               query, key and value and the cross-attention query. XLA's TPU
+               compiler lays them out again before the loop for the k-token
+               matmuls (the params arrive row-major); in the buffer
+               assignment of the compiled T5-XXL + T5-small decode on a
+               v4-8, 96 + 32 such copies = 4 per decoder layer of each
+  code         CODE_GIB of generated code (xxl_plan; no shape predicts it)
 
-and marks a layout as fitting when headroom x (params + caches + activations)
-<= 32 GiB of HBM per v4 chip (headroom 1.2 leaves room for XLA temporaries
+and marks a layout as fitting when headroom x (params + caches + activations
++ loop kernels + code) <= 32 GiB of HBM per v4 chip (headroom 1.2 leaves room for XLA temporaries
 and fragmentation). Dimensions that do not divide over their mesh axes are
 replicated (partitioning.fit_spec), e.g. batch 1 on data > 1 and the
 drafter's 6 heads on model > 2; the table counts them as such.
@@ -45,7 +53,7 @@ from jax.sharding import PartitionSpec
 from specdec import memory
 from specdec import network
 from specdec import partitioning
-from specdec.xxl_plan import (GIB, HBM_PER_CHIP_GIB, HEADROOM, format_gib,
+from specdec.xxl_plan import (CODE_GIB, GIB, HBM_PER_CHIP_GIB, HEADROOM, format_gib,
                               machine_description, mesh_splits)
 
 SLICES = {'v4-8': 4, 'v4-16': 8, 'v4-32': 16, 'v4-64': 32, 'v4-128': 64}
@@ -81,6 +89,27 @@ def encoder_activation_bytes(config: network.T5Config,
   return max(attention, per['mlp']) + per['residual']
 
 
+# The decoder kernels the speculative loop reads in the transposed layout (a second copy per chip).
+LOOP_KERNELS = (('self_attention', 'query'), ('self_attention', 'key'), ('self_attention', 'value'),
+                ('encoder_decoder_attention', 'query'))
+
+
+def loop_kernel_bytes(config: network.T5Config, axis_sizes: Mapping[str, int], rules,
+                      param_dtype: str) -> int:
+  """Per chip, one more copy of every decoder layer's LOOP_KERNELS in `param_dtype`."""
+  params = memory.abstract_params(config)
+  specs = partitioning.logical_to_mesh_specs(
+      partitioning.param_logical_axes(network.Transformer(config), params), params, rules, axis_sizes)
+  decoder, decoder_specs = params['decoder'], specs['decoder']
+  shapes, kernel_specs = {}, {}
+  for i in range(config.num_decoder_layers):
+    for block, kernel in LOOP_KERNELS:
+      name = f'layers_{i}/{block}/{kernel}'
+      shapes[name] = decoder[f'layers_{i}'][block][kernel]['kernel']
+      kernel_specs[name] = decoder_specs[f'layers_{i}'][block][kernel]['kernel']
+  return memory.bytes_per_device(shapes, kernel_specs, axis_sizes, param_dtype)
+
+
 def plan_rows(target: network.T5Config, drafter: network.T5Config,
               slices: Mapping[str, int], tasks: Mapping[str, Sequence[int]],
               batches: Iterable[int], gamma: int, rules, param_dtype: str,
@@ -97,12 +126,17 @@ def plan_rows(target: network.T5Config, drafter: network.T5Config,
           t = memory.network_memory(target, sizes, rules, **kw)
           d = memory.network_memory(drafter, sizes, rules, **kw)
           acts = encoder_activation_bytes(target, sizes, rules, batch, inputs)
+          loop = (loop_kernel_bytes(target, sizes, rules, param_dtype) +
+                  loop_kernel_bytes(drafter, sizes, rules, param_dtype))
+          code = int(CODE_GIB * GIB)
           total = (t['params'] + d['params'] + t['self_cache'] +
-                   t['cross_cache'] + d['self_cache'] + d['cross_cache'] + acts)
+                   t['cross_cache'] + d['self_cache'] + d['cross_cache'] + acts +
+                   loop + code)
           rows.append(dict(
               slice=slice_name, chips=chips, data=data, model=model, task=task,
               inputs=inputs, targets=targets, batch=batch,
-              target=t, drafter=d, activations=acts, total=total,
+              target=t, drafter=d, activations=acts, loop_kernels=loop,
+              code=code, total=total,
               fits=total * headroom <= hbm_gib * GIB))
   return rows
 
@@ -164,6 +198,9 @@ def render_markdown(report: dict) -> str:
       f'positions (gamma = {s["gamma"]}), cross-attention K/V for the inputs.',
       '- Activations: an estimate of the encoder\'s peak working set '
       '(see the script\'s docstring).',
+      '- Loop kernels: the second, transposed copy of each decoder\'s self-attention q/k/v and '
+      'cross-attention q kernels that XLA\'s TPU compiler makes for the decode loop; code: '
+      f'{CODE_GIB:g} GiB of generated code (both from the compiled programs, results/tpu_compile/).',
       f'- fits: {s["headroom"]} x total <= {s["hbm_gib"]} GiB HBM per v4 chip.',
       '- Non-divisible dimensions are replicated and counted in full '
       '(batch 1 on data > 1; the drafter\'s 6 heads on model > 2).',
@@ -190,8 +227,8 @@ def render_markdown(report: dict) -> str:
           '',
           '| slice | data x model | target params | drafter params | '
           'target self K/V | target cross K/V | drafter caches | activations '
-          '(est.) | total | fits |',
-          '|---|---|---|---|---|---|---|---|---|---|',
+          '(est.) | loop kernels | code | total | fits |',
+          '|---|---|---|---|---|---|---|---|---|---|---|---|',
       ]
       for r in rows:
         if r['task'] != task or r['batch'] != batch:
@@ -202,6 +239,7 @@ def render_markdown(report: dict) -> str:
             f'{format_gib(t["params"])} | {format_gib(d["params"])} | '
             f'{format_gib(t["self_cache"])} | {format_gib(t["cross_cache"])} | '
             f'{format_gib(d["self_cache"] + d["cross_cache"])} | '
-            f'{format_gib(r["activations"])} | {format_gib(r["total"])} | '
+            f'{format_gib(r["activations"])} | {format_gib(r["loop_kernels"])} | '
+            f'{format_gib(r["code"])} | {format_gib(r["total"])} | '
             f'{"yes" if r["fits"] else "no"} |')
   return '\n'.join(lines) + '\n'

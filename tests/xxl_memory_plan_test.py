@@ -1,5 +1,6 @@
 """Tests for specdec/xxl_memory_plan.py on small networks and meshes."""
 
+import dataclasses
 import functools
 import json
 
@@ -31,7 +32,12 @@ def test_plan_rows_small():
   for r in rows:
     parts = [r['target'][k] + r['drafter'][k]
              for k in ('params', 'self_cache', 'cross_cache')]
-    assert r['total'] == sum(parts) + r['activations']
+    assert r['code'] == int(plan.CODE_GIB * plan.GIB)
+    assert r['loop_kernels'] == (plan.loop_kernel_bytes(TARGET_CFG, {'data': r['data'], 'model': r['model']},
+                                                        RULES_1D, 'bfloat16')
+                                 + plan.loop_kernel_bytes(DRAFTER_CFG, {'data': r['data'], 'model': r['model']},
+                                                          RULES_1D, 'bfloat16'))
+    assert r['total'] == sum(parts) + r['activations'] + r['loop_kernels'] + r['code']
     for net in ('target', 'drafter'):
       for k in ('params', 'self_cache', 'cross_cache'):
         assert r[net][k] * 8 >= r[net][f'{k}_total']
@@ -50,6 +56,16 @@ def test_plan_rows_small():
     assert r['fits'] and (r['task'], r['batch']) == (task, batch)
     assert r['total'] == min(x['total'] for x in rows
                              if x['fits'] and x['batch'] == batch)
+
+
+def test_loop_kernels_by_hand():
+  # One decoder layer: self-attention q, k, v and the cross-attention q, each (embed 16, joined_kv 4 x 4), bf16.
+  one = plan.loop_kernel_bytes(TARGET_CFG, {'data': 1, 'model': 1}, RULES_1D, 'bfloat16')
+  assert one == 4 * 16 * 16 * 2
+  # joined_kv shards over 'model'; 'data' holds a whole copy each.
+  assert plan.loop_kernel_bytes(TARGET_CFG, {'data': 2, 'model': 2}, RULES_1D, 'bfloat16') == one // 2
+  two_layers = dataclasses.replace(TARGET_CFG, num_decoder_layers=2)
+  assert plan.loop_kernel_bytes(two_layers, {'data': 1, 'model': 1}, RULES_1D, 'bfloat16') == 2 * one
 
 
 def test_encoder_activations_shard_over_model():
