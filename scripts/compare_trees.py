@@ -15,9 +15,12 @@ the baseline's.
 
 Beside them, the prediction: how often the target's greedy token is the drafter's 1st, 2nd, .. choice
 (`evaluation.draft_rank_probabilities`, on the --calibration_examples examples after the measured ones), the
-drafter's call cost c (isolated, `profiling.time_decode_calls`), and per decoder the expected tokens a round
-(`draft_tree.expected_tree_tokens`) and speedup (`draft_tree.tree_speedup`). The tree `draft_tree.best_tree` picks
-from them ("auto") is measured with the others. Writes <out>/compare.{md,json}.
+drafter's step cost c inside a compiled chain loop (`profiling.time_phases` at γ = 2, over the baseline's round; the
+isolated call's c is recorded beside it), a T5 drafter's own cost of width (`profiling.verify_cost_curve` on the
+drafter; a feature head's calls are charged at the target's curve), and per decoder the expected tokens a round
+(`draft_tree.expected_tree_tokens`) and speedup (`draft_tree.tree_speedup`: each drafter call charged at its width,
+both curves read through their monotone envelope). The tree `draft_tree.best_tree` picks from them ("auto") is
+measured with the others. Writes <out>/compare.{md,json}.
 """
 
 import argparse
@@ -48,6 +51,8 @@ from specdec import tasks
 from specdec import tree_decoding
 
 LENGTHS = {'inputs': 96, 'targets': 48}  # the tasks' gin lengths (gin/tasks/*_local.gin)
+# γ of the chain loop whose draft step gives the in-loop c (a draft step's cost does not depend on γ).
+PROBE_GAMMA = 2
 TASKS = {'ende': tasks.ENDE_LOCAL_TASK, 'summarize': tasks.SUMMARIZE_LOCAL_TASK}
 
 
@@ -110,9 +115,12 @@ def decoder_specs(args, auto_tree=None) -> Dict[str, Dict[str, Any]]:
 
 
 def summarize(specs: Dict[str, Dict[str, Any]], records: List[Dict[str, Any]], curve: Dict[str, Any],
-              rank_probs=None, c=None) -> Dict[str, Dict[str, Any]]:
+              rank_probs=None, c=None, draft_curve=None, draft_reads_features: bool = False
+              ) -> Dict[str, Dict[str, Any]]:
   """Per decoder: total seconds, speedup over the baseline, tokens per target call, identical share; with
-  `rank_probs` and `c` the predicted tokens a round and speedup."""
+  `rank_probs` and `c` the predicted tokens a round and speedup (`draft_curve`, {'tokens', 'ratio'}: the drafter's
+  cost of width, None for the target's; a chain's drafting is charged as a tree's, whose catch-up is always 2
+  tokens wide, where the chain loop's is 1 or 2)."""
   base_total = sum(r['seconds']['baseline'] for r in records)
   out = {}
   for name, spec in specs.items():
@@ -127,8 +135,12 @@ def summarize(specs: Dict[str, Dict[str, Any]], records: List[Dict[str, Any]], c
       if rank_probs is not None:
         row['predicted_tokens_per_call'] = draft_tree.expected_tree_tokens(spec['shape'], rank_probs)
         ratios = dict(zip(curve['tokens'], curve['ratio']))
-        row['predicted_speedup'] = (draft_tree.tree_speedup(spec['shape'], rank_probs, c, ratios)
-                                    if width in ratios else None)
+        draft_ratios = None if draft_curve is None else dict(zip(draft_curve['tokens'], draft_curve['ratio']))
+        try:
+          row['predicted_speedup'] = draft_tree.tree_speedup(spec['shape'], rank_probs, c, ratios, draft_ratios,
+                                                             draft_reads_features)
+        except ValueError:  # a width no curve holds
+          row['predicted_speedup'] = None
     out[name] = row
   return out
 
@@ -141,8 +153,9 @@ def markdown(summary: Dict[str, Dict[str, Any]], args, header: str, num_examples
            f'on each example, median of {args.repeats}. Width: the tokens of a verify call (γ+1, or the tree\'s '
            'nodes); verify cost: a call of that width over a one-token call, on this machine '
            '(`profiling.verify_cost_curve`). Predicted: from the rank probabilities and c below '
-           '(`draft_tree.expected_tree_tokens`, `draft_tree.tree_speedup`; c isolated, so the prediction leaves out '
-           'the loop\'s own costs).', '',
+           '(`draft_tree.expected_tree_tokens`, `draft_tree.tree_speedup`: c in the loop, each drafter call at its '
+           'width, the curves\' monotone envelopes). It leaves out what a tree round costs beyond its calls (the '
+           'tree layout\'s attention masks, moving the accepted path\'s keys and values).', '',
            '| decoder | speedup | predicted | tokens / target call | predicted | width | verify cost | identical |',
            '|---|---|---|---|---|---|---|---|']
   best_chain = max((n for n, r in summary.items() if r['kind'] == 'chain'), key=lambda n: summary[n]['speedup'],
@@ -165,10 +178,16 @@ def markdown(summary: Dict[str, Dict[str, Any]], args, header: str, num_examples
     probs = ', '.join(f'{p:.3f}' for p in calibration['rank_probs'])
     lines += ['', f"Calibration ({calibration['examples']} examples after the measured ones, "
               f"{calibration['positions']} positions): the target's greedy token is the drafter's 1st, 2nd, .. "
-              f"choice with probabilities {probs}; c (isolated) = {calibration['c']:.3f}; "
+              f"choice with probabilities {probs}; c in the loop = {calibration['c']:.3f}"
+              f"{_isolated_note(calibration)}; "
               f"`draft_tree.best_tree` picks {draft_tree.tree_name(*calibration['best_tree'])} "
               f"(predicted {calibration['best_tree_speedup']:.3f}×)."]
   return '\n'.join(lines) + '\n'
+
+
+def _isolated_note(calibration) -> str:
+  isolated = calibration.get('c_isolated')
+  return '' if isolated is None else f' (isolated {isolated:.3f})'
 
 
 def main(argv=None):
@@ -200,17 +219,36 @@ def main(argv=None):
   else:
     draft_s = profiling.time_decode_calls(drafter_module, drafter_params, enc, LENGTHS['targets'], 1,
                                           vocab_ids=vocab_ids)
-  calibration['c'] = draft_s / profiling.time_decode_calls(target_module, target_params, enc, LENGTHS['targets'], 1)
+  calibration['c_isolated'] = draft_s / profiling.time_decode_calls(target_module, target_params, enc,
+                                                                    LENGTHS['targets'], 1)
   widest = max([16] + [g + 1 for g in args.chains] +
                [draft_tree.static_tree(*shape).num_nodes for shape in args.tree_shapes.values()])
   curve = profiling.verify_cost_curve(target_module, target_params, enc, LENGTHS['targets'], widest)
-  branching, chain, speedup = draft_tree.best_tree(calibration['rank_probs'], calibration['c'],
-                                                   dict(zip(curve['tokens'], curve['ratio'])))
+  # A T5 drafter's own cost of width (its full vocabulary: the curve's ratios, not its absolute cost, are read);
+  # a feature head has no such curve here, and the target's stands in.
+  draft_curve = (None if is_head else
+                 profiling.verify_cost_curve(drafter_module, drafter_params, enc, LENGTHS['targets'], widest))
+  params = {'target': target_params, 'drafter': drafter_params}
+  predict = {'baseline': functools.partial(models.SpeculativeEncoderDecoderModel(
+      target_module, None, decode_fn=decoding.temperature_sample).compile_predict(
+          {'temperature': args.temperature, 'topk': 0}), {'target': target_params})}
+  # c inside a compiled chain loop, as `auto_gamma` measures it: the draft step with its sampling and bookkeeping,
+  # over the baseline's round (the isolated call leaves both out).
+  decoded_l = np.asarray(predict['baseline'](batches[0], jax.random.PRNGKey(args.seed))[0])[0]
+  phases = profiling.time_phases(target_module, target_params, drafter_module, drafter_params, np.asarray(enc),
+                                 decoded_l, LENGTHS['targets'], PROBE_GAMMA, temperature=args.temperature,
+                                 parts=('draft', 'baseline_round'), draft_vocab_ids=vocab_ids)
+  calibration['c'] = phases.draft / PROBE_GAMMA / phases.baseline_round
+  calibration['draft_curve'] = draft_curve
+  branching, chain, speedup = draft_tree.best_tree(
+      calibration['rank_probs'], calibration['c'], dict(zip(curve['tokens'], curve['ratio'])),
+      draft_cost_ratios=None if draft_curve is None else dict(zip(draft_curve['tokens'], draft_curve['ratio'])),
+      draft_reads_features=is_head)
   calibration.update(best_tree=[list(branching), chain], best_tree_speedup=speedup)
   specs = decoder_specs(args, (branching, chain))
-  params = {'target': target_params, 'drafter': drafter_params}
-  predict = {}
   for name, spec in specs.items():
+    if name in predict:
+      continue
     decode_fn = {'baseline': decoding.temperature_sample, 'chain': decoding.speculative_sample,
                  'tree': tree_decoding.tree_speculative_sample}[spec['kind']]
     if spec['kind'] == 'baseline':
@@ -248,7 +286,7 @@ def main(argv=None):
     best = max(names[1:], key=lambda n: so_far[n]['speedup'])
     print(f'[{i + 1}/{len(batches)}] {time.perf_counter() - start:.0f}s; best so far {best} '
           f"{so_far[best]['speedup']:.3f}×", flush=True)
-  summary = summarize(specs, records, curve, calibration['rank_probs'], calibration['c'])
+  summary = summarize(specs, records, curve, calibration['rank_probs'], calibration['c'], draft_curve, is_head)
   greedy = args.temperature == 0
   os.makedirs(args.out, exist_ok=True)
   fileio.write_json(os.path.join(args.out, 'compare.json'), {

@@ -49,7 +49,7 @@ drawn from the target's p at the leaf (the bonus token).
 """
 
 import dataclasses
-from typing import List, NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -625,16 +625,60 @@ def expected_tree_tokens(shape: TreeShape, rank_probs: Sequence[float]) -> float
   return float(on_path_n.sum())
 
 
-def tree_speedup(shape: TreeShape, rank_probs: Sequence[float], c: float, verify_cost_ratios) -> float:
-  """Predicted speedup of a tree round: E[tokens] / (D·c + r(n)), D its depth (drafter calls), n its nodes (the
-  verify call's tokens), r(n) a call of n tokens over a one-token call (`verify_cost_ratios`, {k: r(k)});
-  for a chain, `theory.best_gamma`'s formula."""
-  curve = {int(k): float(v) for k, v in dict(verify_cost_ratios).items()}
+def monotone_cost_curve(cost_ratios) -> Dict[int, float]:
+  """{k: max over measured j <= k of r(j)}: a measured cost curve made non-decreasing in the width.
+
+  A k-token call does at least the work of a narrower one, so a width measured cheaper than a narrower width
+  (timing noise, or a tiling accident of the isolated call that the loop's calls need not share) is charged the
+  narrower width's cost. This is the envelope from above: it never lowers a measured cost, so a dip cannot draw
+  `best_tree` to its width and cannot raise a prediction. (The envelope from below, min over j >= k, would be
+  the cost only if the loop padded its calls to the cheaper width, which it does not.)
+  """
+  try:
+    curve = {int(k): float(v) for k, v in dict(cost_ratios).items()}
+  except (TypeError, ValueError) as e:
+    raise ValueError(f'a cost curve maps tokens per call to cost ratios, got {cost_ratios!r}.') from e
+  if any(k < 1 or not np.isfinite(r) or r <= 0 for k, r in curve.items()):
+    raise ValueError(f'a cost curve needs widths k >= 1 and finite costs r(k) > 0, got {curve}.')
+  out, running = {}, 0.0
+  for k in sorted(curve):
+    running = max(running, curve[k])
+    out[k] = running
+  return out
+
+
+def draft_call_widths(shape: TreeShape, draft_reads_features: bool = False) -> Tuple[int, ...]:
+  """The tokens of each of the drafter's D calls in a round of `tree_decoding`: the catch-up ([x_{i-1}, x_i]; a
+  feature head re-reads the last round's D+1 positions), then one call per level of nodes 1..D-1 (the deepest
+  level's children are never fed)."""
+  first = shape.max_depth + 1 if draft_reads_features else 2
+  return (first,) + tuple(int(np.count_nonzero(shape.depth == d)) for d in range(1, shape.max_depth))
+
+
+def tree_speedup(shape: TreeShape, rank_probs: Sequence[float], c: float, verify_cost_ratios,
+                 draft_cost_ratios=None, draft_reads_features: bool = False) -> float:
+  """Predicted speedup of a tree round: E[tokens] / (c Σ_calls r_q(w) + r(n)).
+
+  n: the tree's nodes (the verify call's tokens), r(n) a call of n tokens over a one-token call
+  (`verify_cost_ratios`, {k: r(k)}); w: the width of each drafter call (`draft_call_widths`), r_q(w) its cost
+  over the drafter's one-token call (`draft_cost_ratios`; None: the target's curve, the same machine's cost of
+  width, where the drafter's own was not measured); c: the drafter's one-token call over the target's, the
+  in-loop c where the caller has it (an isolated call leaves out the draft step's sampling and bookkeeping).
+  Both curves are read through `monotone_cost_curve`. A chain with a flat drafter curve ({k: 1}) is
+  `theory.best_gamma`'s γ·c + r(γ+1).
+  """
+  curve = monotone_cost_curve(verify_cost_ratios)
   if shape.num_nodes not in curve:
     raise ValueError(f'verify_cost_ratios has no r({shape.num_nodes}) for a tree of {shape.num_nodes} nodes.')
   if not np.isfinite(c) or c < 0:
     raise ValueError(f'c must be a finite cost >= 0, got {c!r}.')
-  return expected_tree_tokens(shape, rank_probs) / (shape.max_depth * c + curve[shape.num_nodes])
+  draft_curve = curve if draft_cost_ratios is None else monotone_cost_curve(draft_cost_ratios)
+  widths = draft_call_widths(shape, draft_reads_features)
+  missing = sorted(set(w for w in widths if w not in draft_curve))
+  if missing:
+    raise ValueError(f'the drafter\'s cost curve has no r_q({missing[0]}) for its calls of {list(widths)} tokens.')
+  draft_cost = c * sum(draft_curve[w] for w in widths)
+  return expected_tree_tokens(shape, rank_probs) / (draft_cost + curve[shape.num_nodes])
 
 
 def candidate_trees(max_nodes: int, max_branching: int = 4, max_levels: int = 3
@@ -660,20 +704,26 @@ def candidate_trees(max_nodes: int, max_branching: int = 4, max_levels: int = 3
 
 
 def best_tree(rank_probs: Sequence[float], c: float, verify_cost_ratios, max_branching: int = 4,
-              max_levels: int = 3) -> Tuple[Tuple[int, ...], int, float]:
+              max_levels: int = 3, draft_cost_ratios=None, draft_reads_features: bool = False
+              ) -> Tuple[Tuple[int, ...], int, float]:
   """(branching, chain, predicted speedup) of the candidate tree (`candidate_trees`) that `tree_speedup`
-  ranks first among those whose width the curve holds; ties to the smaller tree."""
+  ranks first among those whose width the curve holds (and whose drafter calls the drafter's curve holds);
+  ties to the smaller tree."""
   curve = {int(k): float(v) for k, v in dict(verify_cost_ratios).items()}
   widths = [k for k in curve if k >= 2]
   if not widths:
     raise ValueError(f'verify_cost_ratios holds no width >= 2, got keys {sorted(curve)}.')
+  draft_curve = curve if draft_cost_ratios is None else {int(k): float(v) for k, v in dict(draft_cost_ratios).items()}
   best = None
   for branching, chain in candidate_trees(max(widths), max_branching, max_levels):
     shape = static_tree(branching, chain)
-    if shape.num_nodes not in curve:
+    if shape.num_nodes not in curve or any(w not in draft_curve
+                                           for w in draft_call_widths(shape, draft_reads_features)):
       continue
-    speedup = tree_speedup(shape, rank_probs, c, curve)
+    speedup = tree_speedup(shape, rank_probs, c, curve, draft_cost_ratios, draft_reads_features)
     if best is None or speedup > best[2] + 1e-12 or (
         abs(speedup - best[2]) <= 1e-12 and shape.num_nodes < static_tree(best[0], best[1]).num_nodes):
       best = (branching, chain, speedup)
+  if best is None:
+    raise ValueError(f'no candidate tree fits both cost curves (the drafter\'s holds widths {sorted(draft_curve)}).')
   return best

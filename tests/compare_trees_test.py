@@ -67,10 +67,16 @@ def test_the_auto_tree_is_added_once_and_predicted(tmp_path):
   curve = {'tokens': list(range(1, 17)), 'ratio': [1.0 + 0.1 * k for k in range(16)]}
   summary = compare_trees.summarize(specs, records, curve, [0.5, 0.2], 0.1)
   assert summary['chain γ=1']['predicted_tokens_per_call'] == pytest.approx(1.5)
-  assert summary['chain γ=1']['predicted_speedup'] == pytest.approx(1.5 / (0.1 + 1.1))
-  # 2+1: 1 + (0.5 + 0.2) + (0.25 + 0.1) = 2.05 tokens; depth 2, 5 nodes.
+  # The drafter's calls at their widths, on the target's curve (no drafter curve given): γ = 1 is one 2-token
+  # catch-up; 2+1 the catch-up and one call over its 2 first-level nodes.
+  assert summary['chain γ=1']['predicted_speedup'] == pytest.approx(1.5 / (0.1 * 1.1 + 1.1))
+  # 2+1: 1 + (0.5 + 0.2) + (0.25 + 0.1) = 2.05 tokens; 5 nodes.
+  assert summary['tree 2+1']['predicted_speedup'] == pytest.approx(2.05 / (0.1 * (1.1 + 1.1) + 1.4))
+  flat = {'tokens': list(range(1, 17)), 'ratio': [1.0] * 16}
+  summary = compare_trees.summarize(specs, records, curve, [0.5, 0.2], 0.1, draft_curve=flat)
   assert summary['tree 2+1']['predicted_speedup'] == pytest.approx(2.05 / (0.2 + 1.4))
-  calibration = {'examples': 32, 'positions': 400, 'rank_probs': [0.5, 0.2], 'c': 0.1, 'best_tree': [[3], 2],
-                 'best_tree_speedup': 1.2}
+  calibration = {'examples': 32, 'positions': 400, 'rank_probs': [0.5, 0.2], 'c': 0.1, 'c_isolated': 0.05,
+                 'best_tree': [[3], 2], 'best_tree_speedup': 1.2}
   text = compare_trees.markdown(summary, args, 'header', 1, greedy=True, calibration=calibration)
-  assert 'choice with probabilities 0.500, 0.200; c (isolated) = 0.100; `draft_tree.best_tree` picks 3+2' in text
+  assert ('choice with probabilities 0.500, 0.200; c in the loop = 0.100 (isolated 0.050); `draft_tree.best_tree` '
+          'picks 3+2') in text

@@ -908,8 +908,9 @@ def test_a_chains_expected_tokens_and_speedup_are_the_papers(alpha, gamma):
       theory.expected_tokens(alpha, gamma))
   curve = {k: 1.0 + 0.07 * (k - 1) for k in range(1, 10)}
   best_gamma, best_speedup = theory.best_gamma(alpha, 0.1, curve)
-  assert draft_tree.tree_speedup(draft_tree.static_tree((), best_gamma), [alpha], 0.1, curve) == pytest.approx(
-      best_speedup)
+  flat = {k: 1.0 for k in range(1, 10)}  # every drafter call costs c: theory's γ·c
+  assert draft_tree.tree_speedup(draft_tree.static_tree((), best_gamma), [alpha], 0.1, curve,
+                                 draft_cost_ratios=flat) == pytest.approx(best_speedup)
 
 
 def test_the_best_tree_follows_the_machine():
@@ -925,6 +926,50 @@ def test_the_best_tree_follows_the_machine():
   assert len(set(draft_tree.candidate_trees(16))) == len(draft_tree.candidate_trees(16))
 
 
+@pytest.mark.parametrize('branching, chain, heads, want', [
+    ((), 3, False, (2, 1, 1)), ((), 3, True, (4, 1, 1)), ((2,), 2, False, (2, 2, 2)), ((3, 2), 1, False, (2, 3, 6)),
+    ((3, 2), 1, True, (4, 3, 6)), ((4,), 0, False, (2,))])
+def test_draft_call_widths(branching, chain, heads, want):
+  # The catch-up ([x_{i-1}, x_i], or a head's D+1 window), then one call a level above the deepest.
+  assert draft_tree.draft_call_widths(draft_tree.static_tree(branching, chain), heads) == want
+
+
+def test_each_drafter_call_is_charged_at_its_width():
+  shape = draft_tree.static_tree((3, 2), 1)  # calls of 2 (catch-up), 3 and 6 tokens; 16 nodes
+  rank_probs, c = [0.6, 0.2, 0.1], 0.08
+  target = {k: 1.0 + 0.1 * (k - 1) for k in range(1, 17)}
+  drafter = {k: 1.0 + 0.03 * (k - 1) for k in range(1, 17)}
+  tokens = draft_tree.expected_tree_tokens(shape, rank_probs)
+  assert draft_tree.tree_speedup(shape, rank_probs, c, target, drafter) == pytest.approx(
+      tokens / (c * (drafter[2] + drafter[3] + drafter[6]) + target[16]))
+  # Without a drafter curve the target's stands in; a head's first call is its 4-token window.
+  assert draft_tree.tree_speedup(shape, rank_probs, c, target, draft_reads_features=True) == pytest.approx(
+      tokens / (c * (target[4] + target[3] + target[6]) + target[16]))
+
+
+def test_the_curve_is_read_through_its_monotone_envelope():
+  measured = {1: 1.0, 2: 1.2, 3: 1.3, 4: 1.25, 5: 1.45, 7: 1.4, 8: 1.6}
+  assert draft_tree.monotone_cost_curve(measured) == {1: 1.0, 2: 1.2, 3: 1.3, 4: 1.3, 5: 1.45, 7: 1.45, 8: 1.6}
+  with pytest.raises(ValueError, match='finite costs'):
+    draft_tree.monotone_cost_curve({1: 1.0, 2: -1.0})
+
+
+def test_a_dip_in_the_curve_does_not_draw_the_pick():
+  # A width measured cheaper than narrower ones (r(7) below r(5), as a CPU's noisy curve had it) would make a
+  # 7-node tree look best; read through the envelope, a 7-node call costs what a 6-node one does.
+  rank_probs, c = [0.65, 0.13, 0.05, 0.04], 0.03
+  smooth = {k: 1.0 + 0.1 * (k - 1) for k in range(1, 17)}
+  dipped = {**smooth, 7: smooth[4]}
+  raw_best = max(draft_tree.candidate_trees(16), key=lambda t: draft_tree.expected_tree_tokens(
+      draft_tree.static_tree(*t), rank_probs) / (c * sum(dipped[w] for w in draft_tree.draft_call_widths(
+          draft_tree.static_tree(*t))) + dipped[draft_tree.static_tree(*t).num_nodes]))
+  assert draft_tree.static_tree(*raw_best).num_nodes == 7  # the dip would draw the pick
+  branching, chain, speedup = draft_tree.best_tree(rank_probs, c, dipped)
+  assert (branching, chain) == draft_tree.best_tree(rank_probs, c, {**smooth, 7: smooth[6]})[:2]
+  assert draft_tree.static_tree(branching, chain).num_nodes != 7
+  assert speedup <= draft_tree.best_tree(rank_probs, c, smooth)[2] + 1e-12
+
+
 def test_tree_theory_refuses_bad_inputs():
   shape = draft_tree.static_tree((2,), 1)
   with pytest.raises(ValueError, match='rank_probs'):
@@ -933,3 +978,7 @@ def test_tree_theory_refuses_bad_inputs():
     draft_tree.tree_speedup(shape, [0.5], 0.1, {1: 1.0, 2: 1.1})
   with pytest.raises(ValueError, match='no width >= 2'):
     draft_tree.best_tree([0.5], 0.1, {1: 1.0})
+  with pytest.raises(ValueError, match='r_q\\(2\\)'):
+    draft_tree.tree_speedup(shape, [0.5], 0.1, {k: 1.0 for k in range(1, 6)}, {1: 1.0})
+  with pytest.raises(ValueError, match='no candidate tree'):
+    draft_tree.best_tree([0.5], 0.1, {k: 1.0 for k in range(1, 6)}, draft_cost_ratios={1: 1.0})

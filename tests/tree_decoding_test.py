@@ -417,3 +417,37 @@ class TestFeatureHeads:
     got, aux = tree.compile_predict({'temperature': 0.0, 'branching': (2,), 'chain': 2})(params, batch)
     np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(aux['scores'], want_aux['scores'])
+
+
+@pytest.mark.parametrize('branching, chain', TREES)
+@pytest.mark.parametrize('heads', [False, True])
+def test_the_drafters_calls_are_the_cost_models(branching, chain, heads, monkeypatch):
+  """`draft_tree.draft_call_widths`, which `tree_speedup` charges, is what the draft phase feeds: the widths of
+  its drafter calls, in order (read while the loop's body is traced)."""
+  length = 6
+  target = toy.ToyTreeModel(40, vocab=5, cache_len=length + 16)
+  drafter = toy.ToyTreeFeatureDrafter(target, exact=True) if heads else toy.ToyTreeModel(41, vocab=5,
+                                                                                          cache_len=length + 16)
+  widths, recording = [], [False]
+  draft_phase = tree_decoding.draft_phase
+
+  def recorded_draft_phase(spec, state, rng):
+    recording[0] = True
+    try:
+      return draft_phase(spec, state, rng)
+    finally:
+      recording[0] = False
+
+  def draft_tokens_to_logits(state, *features):
+    if recording[0]:
+      widths.append(state.cur_token.shape[1])
+    return drafter.tokens_to_logits(state, *features)
+
+  monkeypatch.setattr(tree_decoding, 'draft_phase', recorded_draft_phase)
+  inputs = jnp.zeros((2, length), jnp.int32)
+  fn = functools.partial(tree_decoding.tree_speculative_sample,
+                         tokens_to_logits=target.tokens_to_logits_and_features if heads else target.tokens_to_logits,
+                         draft_tokens_to_logits=draft_tokens_to_logits, eos_id=EOS, branching=branching, chain=chain,
+                         draft_reads_features=heads, temperature=0.0, shrink_batch=False)
+  jax.jit(fn)(inputs, target.init_cache(2), draft_cache=drafter.init_cache(2))
+  assert widths == list(draft_tree.draft_call_widths(draft_tree.static_tree(branching, chain), heads))
