@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from specdec import benchmark  # pylint: disable=g-import-not-at-top,wrong-import-position
 from specdec import fileio
 from specdec import fingerprint
-from specdec import main as launcher
+from specdec import loading
 from specdec import plots
 from specdec import profiling
 from specdec import reporting
@@ -49,7 +49,7 @@ def plan_runs(args, grid):
       name += f'_c{args.draft_confidence:g}'
     setting = benchmark.Setting(gamma=gamma, temperature=temperature, repeats=args.repeats, seed=args.seed,
                                 draft_confidence=args.draft_confidence)
-    provenance = launcher.provenance(target_dir, _drafter_dir(args, drafter))
+    provenance = fingerprint.models_fields(target_dir, _drafter_dir(args, drafter))
     plans.append({'name': name, 'drafter': drafter, 'task': TASKS[task_key], 'setting': setting,
                   'dir': os.path.join(args.out, 'runs', name), 'provenance': provenance,
                   'fingerprint': benchmark.fingerprint_fields(TASKS[task_key], 'test', LENGTHS, setting,
@@ -87,8 +87,8 @@ def _run_all(args, grid):
   if refused:
     more = f' ({len(refused) - 1} more run(s) refused alike)' if len(refused) > 1 else ''
     raise SystemExit(f'ablate: {refused[0]}{more}')
-  launcher.register_tasks(args.corpus_dir)
-  target_module, target_params = launcher.load_network(os.path.join(args.models, 'target'))
+  tasks.register_tasks(args.corpus_dir)
+  target_module, target_params = loading.load_network(os.path.join(args.models, 'target'))
   loaded = {}
   summaries = []
   for n, plan in enumerate(plans):
@@ -100,7 +100,7 @@ def _run_all(args, grid):
       continue
     print(f'[{n + 1}/{len(plans)}] {name}', flush=True)
     if drafter not in loaded:
-      loaded[drafter] = launcher.load_network(_drafter_dir(args, drafter))
+      loaded[drafter] = loading.load_network(_drafter_dir(args, drafter))
     summaries.append(benchmark.run(
         benchmark.ModelPair(target_module, target_params, *loaded[drafter], drafter_name=drafter),
         benchmark.TaskSplit(plan['task'], 'test', LENGTHS, args.max_examples), plan['setting'],

@@ -25,9 +25,9 @@ from specdec import ceiling_report
 from specdec import evaluation
 from specdec import fileio
 from specdec import loading
-from specdec import main as specdec_main
 from specdec import plots
 from specdec import reporting
+from specdec import tasks
 
 
 def parse_args(argv=None):
@@ -69,7 +69,7 @@ def parse_args(argv=None):
 
 def main(argv=None):
   args, settings = parse_args(argv)
-  specdec_main.register_tasks()
+  tasks.register_tasks()
   target_module, target_params = loading.load_module_and_params(os.path.join(args.models, 'target'))
   examples = evaluation.task_examples(TASKS[args.task], 'test', LENGTHS, args.examples)
   shipped = {}

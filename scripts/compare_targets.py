@@ -36,7 +36,6 @@ from specdec import checkpoints  # pylint: disable=g-import-not-at-top,wrong-imp
 from specdec import evaluation  # pylint: disable=g-import-not-at-top,wrong-import-position
 from specdec import fileio
 from specdec import loading
-from specdec import main as specdec_main
 from specdec import models
 from specdec import decoding
 from specdec import plots
@@ -384,7 +383,7 @@ def model_card(name: str, results: Mapping[str, Mapping[str, Any]], header: str)
 
 def main(argv=None):
   args, targets = parse_args(argv)
-  specdec_main.register_tasks()
+  tasks.register_tasks()
   command = reporting.run_command(['scripts/compare_targets.py'] + list(sys.argv[1:] if argv is None else argv))
   machine = reporting.machine_info()
   now = datetime.datetime.now().isoformat(timespec='seconds')

@@ -28,7 +28,6 @@ from specdec import tasks
 
 TASKS = {'ende': (tasks.ENDE_LOCAL_TASK, {'inputs': 96, 'targets': 48}),
          'summarize': (tasks.SUMMARIZE_LOCAL_TASK, {'inputs': 96, 'targets': 48})}
-EMBEDDED_TEST_SLICES = os.path.join(tasks.PACKAGE_DIR, 'assets', 'test_slices')
 
 
 def _model_dir(name: str, models_dir: str) -> str:
@@ -76,7 +75,7 @@ def main(argv=None) -> int:
     print(f'error: {e}', file=sys.stderr)
     return 1
   corpus_dir = args.corpus_dir or (tasks.DEFAULT_CORPUS_DIR if os.path.exists(tasks.DEFAULT_CORPUS_DIR)
-                                   else EMBEDDED_TEST_SLICES)
+                                   else tasks.EMBEDDED_TEST_SLICES)
   tasks.register_local_tasks(corpus_dir)
   task_name, lengths = TASKS[args.task]
   lengths = dict(inputs=args.inputs_length or lengths['inputs'],

@@ -74,6 +74,15 @@ def checkpoint_fields(role: str, path: Optional[str]) -> Dict[str, Optional[str]
           f'{role}_content': checkpoint_digest(path)}
 
 
+def models_fields(target_checkpoint: str, drafter_checkpoint: Optional[str], target_config=None,
+                  drafter_config=None, dtype: Optional[str] = None) -> Dict[str, Any]:
+  """The fingerprint fields that identify the models: checkpoint paths and contents, gin-given configs, dtype."""
+  return {**checkpoint_fields('target', target_checkpoint),
+          **checkpoint_fields('drafter', drafter_checkpoint),
+          'target_config': short_digest(target_config),
+          'drafter_config': short_digest(drafter_config), 'dtype': dtype}
+
+
 def short_digest(value: Any) -> Optional[str]:
   """A short digest of a value's repr (e.g. a network config given in gin); None for None."""
   return None if value is None else _text_sha256(repr(value))[:16]

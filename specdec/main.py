@@ -96,7 +96,6 @@ _import_tensorflow_quietly()  # before specdec's modules import seqio, and with 
 from specdec import benchmark  # pylint: disable=g-import-not-at-top,wrong-import-position
 from specdec import ceiling
 from specdec import ceiling_report
-from specdec import checkpoints
 from specdec import decoding
 from specdec import evaluation
 from specdec import fileio
@@ -104,8 +103,6 @@ from specdec import fingerprint
 from specdec import gin_utils
 from specdec import loading
 from specdec import models
-from specdec import network
-from specdec import ngram
 from specdec import partitioning
 from specdec import reporting
 from specdec import run_config
@@ -125,54 +122,6 @@ CONTROLLED_FILE, CONTROLLED_DIR = 'controlled.json', 'controlled'
 # Its verify-cost curve's widest call: γ up to 11 (the best γ at α* 0.9 was 8 on 2 cores).
 CONTROLLED_MAX_VERIFY_TOKENS = 12
 TABLE_FILES = ('table.md', 'table.json', CONTROLLED_FILE, CONTROLLED_DIR)
-
-
-def load_network(checkpoint: str, config: Optional[network.T5Config] = None, dtype: Optional[str] = None,
-                 mesh=None):
-  """(module, params) from a checkpoint directory.
-
-  The project's compact format and n-gram drafters carry their own config. T5X, Hugging Face and Orbax
-  checkpoints are read into `config` (from gin: e.g. gin/models/target_t5_1_1_xxl.gin), or into the
-  config a Hugging Face directory describes; with a `mesh`, each array is read straight into its shards
-  (T5X's rules), so a large model is never materialised whole on one host.
-  """
-  if not checkpoint:
-    raise ValueError('No checkpoint given (set TARGET_CHECKPOINT / DRAFTER_CHECKPOINT in gin).')
-  if not fileio.exists(checkpoint):  # local or gs:// (tf.io.gfile)
-    raise FileNotFoundError(f'Checkpoint not found: {checkpoint}')
-  if ngram.is_ngram_dir(checkpoint) or (fileio.isdir(checkpoint) and
-                                        fileio.exists(fileio.join(checkpoint, 'params.msgpack'))):
-    return loading.load_module_and_params(checkpoint)
-  if config is None:
-    config = checkpoints.load_config_for(checkpoint)
-  if config is None:
-    raise ValueError(f'{checkpoint} ({checkpoints.detect_format(checkpoint)} format) carries no network '
-                     'config: give one in gin (include a gin/models/*_t5_1_1_*.gin file).')
-  module = network.Transformer(config)
-  shardings = None
-  if mesh is not None:
-    layout = sharded_decoding.compile_predict_sharded(
-        models.SpeculativeEncoderDecoderModel(module, None, decode_fn=decoding.temperature_sample), mesh)
-    shardings = layout.param_shardings({'target': checkpoints.expected_params(config)})['target']
-  params = checkpoints.restore_params(checkpoint, config, shardings=shardings, dtype=dtype)
-  return module, params
-
-
-EMBEDDED_TEST_SLICES = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'assets', 'test_slices')
-
-
-def register_tasks(corpus_dir: Optional[str] = None, vocab_path: Optional[str] = None) -> None:
-  """Registers the local tasks (from `corpus_dir`) and the paper's TFDS tasks.
-
-  Without `corpus_dir` and without a built corpus at the default place, the local tasks read the embedded
-  test slices (the first 64 test examples per task; specdec/assets/test_slices/README.md).
-  """
-  if corpus_dir is None and not os.path.exists(tasks.DEFAULT_CORPUS_DIR):
-    print(f'No corpus at {tasks.DEFAULT_CORPUS_DIR} (build it: {tasks.BUILD_CORPUS_COMMAND}); using the '
-          f'embedded test slices in {EMBEDDED_TEST_SLICES}.', flush=True)
-    corpus_dir = EMBEDDED_TEST_SLICES
-  tasks.register_local_tasks(corpus_dir)
-  tasks.register_paper_tasks(vocab_path) if vocab_path else tasks.register_paper_tasks()
 
 
 def _copy_tree(src: str, dst: str) -> None:
@@ -305,7 +254,7 @@ def run(config: run_config.RunConfig = gin.REQUIRED) -> Dict[str, Any]:
   """
   config = run_config.normalized(config)
   run_config.check(config)
-  register_tasks(config.data.corpus_dir, config.data.vocab_path)
+  tasks.register_tasks(config.data.corpus_dir, config.data.vocab_path)
   _check_tasks(config)
   # Model-parallel over `num_partitions` devices, data-parallel over the rest (T5X's rules); None: one device.
   mesh = partitioning.make_mesh(config.num_partitions) if config.num_partitions else None
@@ -326,15 +275,6 @@ def _check_tasks(config: run_config.RunConfig) -> None:
   for name in names:
     if name not in known and name not in seqio.MixtureRegistry.names():
       raise run_config.ConfigError(f'unknown task {name!r} (registered: {", ".join(sorted(known))}).')
-
-
-def provenance(target_checkpoint: str, drafter_checkpoint: Optional[str], target_config=None,
-               drafter_config=None, dtype: Optional[str] = None) -> Dict[str, Any]:
-  """The fingerprint fields that identify the models: checkpoint paths and contents, gin-given configs, dtype."""
-  return {**fingerprint.checkpoint_fields('target', target_checkpoint),
-          **fingerprint.checkpoint_fields('drafter', drafter_checkpoint),
-          'target_config': fingerprint.short_digest(target_config),
-          'drafter_config': fingerprint.short_digest(drafter_config), 'dtype': dtype}
 
 
 def predictions_fingerprint(task: str, split: str, lengths: Mapping[str, int], setting: benchmark.Setting,
@@ -386,8 +326,9 @@ def output_plans(config: run_config.RunConfig, mesh=None) -> List[OutputPlan]:
     for row in config.rows:
       drafter_dir = run_config.row_drafter_checkpoint(row, models_config.target_checkpoint)
       setting = run_config.row_setting(row, config.decoding)
-      fields = provenance(models_config.target_checkpoint, drafter_dir, models_config.target_config,
-                          models_config.drafter_config, models_config.dtype)
+      fields = fingerprint.models_fields(models_config.target_checkpoint, drafter_dir,
+                                         models_config.target_config, models_config.drafter_config,
+                                         models_config.dtype)
       expected = benchmark.fingerprint_fields(row.task, data.split, data.lengths, setting, data.max_examples,
                                               row.drafter, fields, mesh)
       plans.append(OutputPlan(_table_row_name(row), expected, benchmark.OUTPUT_FILES, drafter_dir, row.drafter,
@@ -396,8 +337,8 @@ def output_plans(config: run_config.RunConfig, mesh=None) -> List[OutputPlan]:
   drafter_checkpoint = models_config.drafter_checkpoint
   drafter_name = ((models_config.drafter_name or fileio.basename(fileio.normpath(drafter_checkpoint)))
                   if drafter_checkpoint else 'none')
-  fields = provenance(models_config.target_checkpoint, drafter_checkpoint, models_config.target_config,
-                      models_config.drafter_config, models_config.dtype)
+  fields = fingerprint.models_fields(models_config.target_checkpoint, drafter_checkpoint,
+                                     models_config.target_config, models_config.drafter_config, models_config.dtype)
   if config.mode == 'benchmark':
     expected = benchmark.fingerprint_fields(data.task, data.split, data.lengths, config.decoding,
                                             data.max_examples, drafter_name, fields, mesh)
@@ -436,7 +377,8 @@ def _execute(config: run_config.RunConfig, output_dir: str, plans: Sequence[Outp
   """`run` after its checks, writing into the local directory `output_dir` what `plans` describe."""
   data, models_config = config.data, config.models
   _refuse_mismatched_outputs(output_dir, plans, config.overwrite)  # a remote directory's copy is read only now
-  load = lambda checkpoint, network_config: load_network(checkpoint, network_config, models_config.dtype, mesh)
+  load = lambda checkpoint, network_config: loading.load_network(checkpoint, network_config, models_config.dtype,
+                                                                 mesh)
 
   if config.mode == 'table':
     # The table itself is rewritten from its rows on every run; its fingerprint keeps other modes out.

@@ -497,6 +497,26 @@ def register_local_tasks(corpus_dir: Optional[str] = None,
   return LOCAL_TASKS + (LOCAL_MIXTURE,)
 
 
+# The first 64 test examples per local task, shipped (specdec/assets/test_slices/README.md).
+EMBEDDED_TEST_SLICES = os.path.join(PACKAGE_DIR, "assets", "test_slices")
+
+
+def register_tasks(corpus_dir: Optional[str] = None,
+                   vocab_path: Optional[str] = None) -> None:
+  """Registers the local tasks (from `corpus_dir`) and the paper's TFDS tasks.
+
+  Without `corpus_dir` and without a built corpus at the default place, the
+  local tasks read the embedded test slices (``EMBEDDED_TEST_SLICES``).
+  """
+  if corpus_dir is None and not os.path.exists(DEFAULT_CORPUS_DIR):
+    print(f"No corpus at {DEFAULT_CORPUS_DIR} (build it: "
+          f"{BUILD_CORPUS_COMMAND}); using the embedded test slices in "
+          f"{EMBEDDED_TEST_SLICES}.", flush=True)
+    corpus_dir = EMBEDDED_TEST_SLICES
+  register_local_tasks(corpus_dir)
+  register_paper_tasks(vocab_path) if vocab_path else register_paper_tasks()
+
+
 def register_paper_tasks(vocab_path: Optional[str] = T5_DEFAULT_VOCAB_PATH,
                          tfds_data_dir: Optional[str] = TFDS_DATA_DIR,
                          wmt_tfds_name: str = WMT_ENDE_TFDS_NAME,

@@ -497,10 +497,9 @@ def test_detect_format_on_url(ram_dir):
 
 
 def test_loaders_on_url(ram_dir, params):
-  from specdec import main  # pylint: disable=g-import-not-at-top  (heavy)
   target = fileio.join(ram_dir, 'family', 'target')
   checkpoints.save_compact(target, CFG, params)
-  module, loaded = main.load_network(target)
+  module, loaded = loading.load_network(target)
   assert module.config == CFG and jax.tree_util.tree_structure(loaded) == (
       jax.tree_util.tree_structure(params))
   bigram = fileio.join(ram_dir, 'family', 'bigram')
@@ -508,7 +507,7 @@ def test_loaders_on_url(ram_dir, params):
   ngram.save(bigram, config, np.ones(CFG.vocab_size, np.float32),
              np.zeros((0, 3), np.int64))
   assert ngram.is_ngram_dir(bigram)
-  module, _ = main.load_network(bigram)
+  module, _ = loading.load_network(bigram)
   assert isinstance(module, ngram.NgramLM)
   with pytest.raises(FileNotFoundError, match='Checkpoint not found'):
-    main.load_network(fileio.join(ram_dir, 'family', 'missing'))
+    loading.load_network(fileio.join(ram_dir, 'family', 'missing'))

@@ -178,6 +178,16 @@ def test_remote_and_missing_checkpoints_have_no_digest(tmp_path):
   assert fingerprint.checkpoint_digest(str(tmp_path / 'nothing')) is None
 
 
+def test_models_fields_name_both_checkpoints_their_configs_and_dtype(tmp_path):
+  target, drafter = _compact(tmp_path / 'target'), _compact(tmp_path / 'd1', params=b'drafter')
+  fields = fingerprint.models_fields(target, drafter, target_config={'emb_dim': 16}, dtype='bfloat16')
+  assert fields == {**fingerprint.checkpoint_fields('target', target),
+                    **fingerprint.checkpoint_fields('drafter', drafter),
+                    'target_config': fingerprint.short_digest({'emb_dim': 16}), 'drafter_config': None,
+                    'dtype': 'bfloat16'}
+  assert fingerprint.models_fields(target, None)['drafter_checkpoint'] is None
+
+
 def test_checkpoint_fields(tmp_path):
   path = _compact(tmp_path / 'models' / 'd1')
   fields = fingerprint.checkpoint_fields('drafter', path + '/')

@@ -1,4 +1,4 @@
-"""Tests for specdec/loading.py: a model directory of either kind as (module, params)."""
+"""Tests for specdec/loading.py: a model directory or checkpoint of any kind as (module, params)."""
 
 import os
 
@@ -19,6 +19,14 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.fixture(scope='module')
 def params():
   return network.init_params(CFG, jax.random.PRNGKey(0))
+
+
+def _assert_same_params(got, want):
+  got_flat = jax.tree_util.tree_leaves_with_path(got)
+  want_flat = jax.tree_util.tree_leaves_with_path(want)
+  assert [k for k, _ in got_flat] == [k for k, _ in want_flat]
+  for (_, a), (_, b) in zip(got_flat, want_flat):
+    np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
 
 
 def test_compact_model_is_a_transformer(params, tmp_path):
@@ -108,3 +116,40 @@ def test_model_path_takes_a_directory_or_a_name_in_the_models_dir(tmp_path):
   assert loading.model_path(str(tmp_path / 'elsewhere'), models) == str(tmp_path / 'elsewhere')
   with pytest.raises(FileNotFoundError, match=r"'trigram' is neither a model directory nor a model in .*models"):
     loading.model_path('trigram', models)
+
+
+# -----------------------------------------------------------------------------
+# load_network: any checkpoint the launcher takes
+# -----------------------------------------------------------------------------
+
+
+def test_load_network_compact(params, tmp_path):
+  checkpoints.save_compact(str(tmp_path), CFG, params, storage_dtype=np.float32)
+  module, loaded = loading.load_network(str(tmp_path))
+  assert isinstance(module, network.Transformer) and module.config == CFG
+  _assert_same_params(loaded, params)
+
+
+def test_load_network_ngram(tmp_path):
+  config = ngram.NgramConfig(CFG.vocab_size, order=2)
+  unigram, bigram = ngram.count([[5, 6, 7, 1], [5, 7, 1]], CFG.vocab_size)
+  ngram.save(str(tmp_path), config, unigram, bigram)
+  module, loaded = loading.load_network(str(tmp_path))
+  assert isinstance(module, ngram.NgramLM) and module.config == config
+  assert loaded['log_probs'].shape == (CFG.vocab_size, CFG.vocab_size)
+
+
+def test_load_network_missing_and_empty(tmp_path):
+  with pytest.raises(FileNotFoundError, match='nothing_here'):
+    loading.load_network(str(tmp_path / 'nothing_here'))
+  with pytest.raises(ValueError, match='No checkpoint given'):
+    loading.load_network('')
+
+
+def test_load_network_t5x_needs_a_config(params, tmp_path):
+  path = checkpoints.save_t5x(str(tmp_path / 'checkpoint_7'), params, step=7)
+  module, loaded = loading.load_network(path, CFG)
+  assert isinstance(module, network.Transformer) and module.config == CFG
+  _assert_same_params(loaded, params)
+  with pytest.raises(ValueError, match='carries no network config'):
+    loading.load_network(path)

@@ -19,7 +19,6 @@ import sys
 import gin
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 from specdec import auto_gamma
@@ -27,6 +26,7 @@ from specdec import benchmark
 from specdec import checkpoints
 from specdec import fingerprint
 from specdec import gin_utils
+from specdec import loading
 from specdec import main
 from specdec import profiling
 from specdec import network
@@ -316,7 +316,7 @@ def test_debug_shows_the_traceback_instead(family, tmp_path):
 def test_an_unexpected_failure_is_one_line_with_status_1(family, tmp_path, monkeypatch):
   def broken(*args, **kwargs):
     raise RuntimeError('out of memory\nmore detail')
-  monkeypatch.setattr(main, 'load_network', broken)
+  monkeypatch.setattr(loading, 'load_network', broken)
   status, err = _error_line(_flags(family, tmp_path / 'out', INFER))
   assert status == main.FAILURE_EXIT
   assert err == 'specdec: RuntimeError: out of memory\n'.replace('\n', ' (rerun with --debug for the traceback)\n')
@@ -578,7 +578,7 @@ def test_table_rows_are_checked_before_any_model_loads(family, tmp_path, monkeyp
   def no_loading(*args, **kwargs):
     raise AssertionError('a model was loaded before the fingerprints were checked')
 
-  monkeypatch.setattr(main, 'load_network', no_loading)
+  monkeypatch.setattr(loading, 'load_network', no_loading)
   message = _refused(flags + ['--gin.benchmark.Setting.seed=1'])
   assert f"{out / 'specdec_ende_local_d1_t0_g2'} holds outputs of another configuration: seed 0 -> 1;" in message
 
@@ -616,80 +616,6 @@ def test_importing_main_keeps_tensorflow_quiet_and_off_accelerators():
   assert done.stdout.split() == ['1', '[]']  # JAX's (shared) log level is left as it was
   for noise in ('oneDNN', 'cuInit', 'cudart', 'absl::InitializeLog'):
     assert noise not in done.stderr
-
-
-# -----------------------------------------------------------------------------
-# load_network
-# -----------------------------------------------------------------------------
-
-
-def _assert_same_params(got, want):
-  got_flat = jax.tree_util.tree_leaves_with_path(got)
-  want_flat = jax.tree_util.tree_leaves_with_path(want)
-  assert [k for k, _ in got_flat] == [k for k, _ in want_flat]
-  for (_, a), (_, b) in zip(got_flat, want_flat):
-    np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
-
-
-def test_load_network_compact(family):
-  module, params = main.load_network(str(family['root'] / 'target'))
-  assert isinstance(module, network.Transformer)
-  assert module.config == family['config']
-  _assert_same_params(params, family['params'])
-
-
-def test_load_network_ngram(family):
-  module, params = main.load_network(str(family['root'] / 'bigram'))
-  assert isinstance(module, ngram.NgramLM)
-  assert module.config == ngram.NgramConfig(NGRAM_VOCAB, order=2)
-  assert params['log_probs'].shape == (NGRAM_VOCAB, NGRAM_VOCAB)
-
-
-def test_load_network_missing_and_empty(tmp_path):
-  with pytest.raises(FileNotFoundError, match='nothing_here'):
-    main.load_network(str(tmp_path / 'nothing_here'))
-  with pytest.raises(ValueError, match='No checkpoint given'):
-    main.load_network('')
-
-
-def test_load_network_t5x_needs_a_config(family, tmp_path):
-  path = checkpoints.save_t5x(str(tmp_path / 'checkpoint_7'), family['params'], step=7)
-  module, params = main.load_network(path, family['config'])
-  assert isinstance(module, network.Transformer) and module.config == family['config']
-  _assert_same_params(params, family['params'])
-  with pytest.raises(ValueError, match='carries no network config'):
-    main.load_network(path)
-
-
-# -----------------------------------------------------------------------------
-# register_tasks
-# -----------------------------------------------------------------------------
-
-
-def _source_dir(task_name):
-  import seqio  # pylint: disable=g-import-not-at-top
-  return seqio.get_mixture_or_task(task_name).source.corpus_dir
-
-
-def test_register_tasks_falls_back_to_the_embedded_slices(monkeypatch, tmp_path, capsys):
-  monkeypatch.setattr(tasks, 'DEFAULT_CORPUS_DIR', str(tmp_path / 'no_corpus'))
-  main.register_tasks()
-  assert 'embedded test slices' in capsys.readouterr().out
-  for name in tasks.LOCAL_TASKS:
-    assert _source_dir(name) == main.EMBEDDED_TEST_SLICES
-  from specdec import evaluation  # pylint: disable=g-import-not-at-top
-  examples = evaluation.task_examples(tasks.ENDE_LOCAL_TASK, 'test', {'inputs': 16, 'targets': 8}, 2)
-  with open(os.path.join(main.EMBEDDED_TEST_SLICES, 'translate_en_de', 'test.jsonl'), encoding='utf-8') as f:
-    first = json.loads(f.readline())
-  assert examples[0]['targets_pretokenized'].decode('utf-8') == first['targets']
-
-
-def test_register_tasks_prefers_a_given_or_existing_corpus(monkeypatch, tmp_path):
-  main.register_tasks(FIXTURE_CORPUS)
-  assert _source_dir(tasks.ENDE_LOCAL_TASK) == FIXTURE_CORPUS
-  monkeypatch.setattr(tasks, 'DEFAULT_CORPUS_DIR', str(tmp_path))  # exists: used, no fallback
-  main.register_tasks()
-  assert _source_dir(tasks.SUMMARIZE_LOCAL_TASK) == str(tmp_path)
 
 
 def test_remote_output_dir_is_written_locally_then_copied_and_resumed_from():

@@ -32,6 +32,14 @@ def local_tasks():
 
 
 @pytest.fixture
+def default_registration():
+  """Restores the default local tasks after a test re-registers them."""
+  default_corpus = tasks.DEFAULT_CORPUS_DIR  # before the test patches it
+  yield
+  tasks.register_local_tasks(corpus_dir=default_corpus)
+
+
+@pytest.fixture
 def vocab():
   return tasks.get_vocabulary()
 
@@ -379,3 +387,38 @@ def test_paired_bleu_of_a_system_against_itself_is_no_difference():
 def test_paired_bleu_needs_one_prediction_per_reference():
   with pytest.raises(ValueError, match='one of each per example'):
     tasks.paired_bleu(_REFS, _WORSE[:-1], _WORSE)
+
+
+# --------------------------------------------------------------------------
+# register_tasks: the launcher's registration.
+# --------------------------------------------------------------------------
+
+
+def _source_dir(task_name):
+  return seqio.get_mixture_or_task(task_name).source.corpus_dir
+
+
+def test_register_tasks_falls_back_to_the_embedded_slices(
+    default_registration, monkeypatch, tmp_path, capsys):
+  monkeypatch.setattr(tasks, "DEFAULT_CORPUS_DIR", str(tmp_path / "no_corpus"))
+  tasks.register_tasks()
+  assert "embedded test slices" in capsys.readouterr().out
+  for name in tasks.LOCAL_TASKS:
+    assert _source_dir(name) == tasks.EMBEDDED_TEST_SLICES
+  from specdec import evaluation  # pylint: disable=g-import-not-at-top
+  examples = evaluation.task_examples(
+      tasks.ENDE_LOCAL_TASK, "test", {"inputs": 16, "targets": 8}, 2)
+  with open(os.path.join(tasks.EMBEDDED_TEST_SLICES, "translate_en_de",
+                         "test.jsonl"), encoding="utf-8") as f:
+    first = json.loads(f.readline())
+  assert examples[0]["targets_pretokenized"].decode("utf-8") == first["targets"]
+
+
+def test_register_tasks_prefers_a_given_or_existing_corpus(
+    default_registration, monkeypatch, tmp_path):
+  tasks.register_tasks(FIXTURE_CORPUS)
+  assert _source_dir(tasks.ENDE_LOCAL_TASK) == FIXTURE_CORPUS
+  # An existing default corpus is used, with no fallback.
+  monkeypatch.setattr(tasks, "DEFAULT_CORPUS_DIR", str(tmp_path))
+  tasks.register_tasks()
+  assert _source_dir(tasks.SUMMARIZE_LOCAL_TASK) == str(tmp_path)
