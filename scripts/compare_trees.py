@@ -42,7 +42,6 @@ from specdec import drafters
 from specdec import evaluation
 from specdec import fileio
 from specdec import loading
-from specdec import main as specdec_main
 from specdec import models
 from specdec import network
 from specdec import profiling
@@ -192,7 +191,7 @@ def _isolated_note(calibration) -> str:
 
 def main(argv=None):
   args = parse_args(argv)
-  specdec_main.register_tasks()
+  tasks.register_tasks()
   command = reporting.run_command(['scripts/compare_trees.py'] + list(sys.argv[1:] if argv is None else argv))
   machine = reporting.machine_info()
   header = (f"`{command}` · {datetime.datetime.now().isoformat(timespec='seconds')} · {machine['processor']}, "
