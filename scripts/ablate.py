@@ -23,6 +23,10 @@ import numpy as np
 
 # Runnable from a checkout without the package installed (as the repo's shell scripts call it).
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from specdec import import_order  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+import_order.import_tensorflow_quietly()  # before the modules below import seqio, and with it TF
+
 from specdec import benchmark  # pylint: disable=g-import-not-at-top,wrong-import-position
 from specdec import fileio
 from specdec import fingerprint
@@ -30,6 +34,7 @@ from specdec import loading
 from specdec import plots
 from specdec import profiling
 from specdec import reporting
+from specdec import settings
 from specdec import tables
 from specdec import tasks
 from specdec import theory
@@ -47,8 +52,8 @@ def plan_runs(args, grid):
     name = f'{task_key}_{_drafter_label(drafter)}_t{temperature:g}_g{gamma}'
     if args.draft_confidence:
       name += f'_c{args.draft_confidence:g}'
-    setting = benchmark.Setting(gamma=gamma, temperature=temperature, repeats=args.repeats, seed=args.seed,
-                                draft_confidence=args.draft_confidence)
+    setting = settings.Setting(gamma=gamma, temperature=temperature, repeats=args.repeats, seed=args.seed,
+                               draft_confidence=args.draft_confidence)
     provenance = fingerprint.models_fields(target_dir, _drafter_dir(args, drafter))
     plans.append({'name': name, 'drafter': drafter, 'task': TASKS[task_key], 'setting': setting,
                   'dir': os.path.join(args.out, 'runs', name), 'provenance': provenance,

@@ -49,6 +49,7 @@ from specdec import machine_load
 from specdec import models
 from specdec import profiling
 from specdec import reporting
+from specdec import settings
 from specdec import tasks
 
 TASKS = {'ende': tasks.ENDE_LOCAL_TASK, 'summarize': tasks.SUMMARIZE_LOCAL_TASK}
@@ -61,8 +62,8 @@ def parse_run(text: str):
   drafter, _, setting = text.rpartition(':')
   gamma, slash, confidence = setting.partition('/')
   bad = argparse.ArgumentTypeError(f"a run is DRAFTER[@VOCAB_FILE]:GAMMA[/CONFIDENCE] with GAMMA >= 1 or "
-                                   f"'{auto_gamma.AUTO}' and CONFIDENCE in (0, 1), got {text!r}")
-  auto = auto_gamma.is_auto(gamma)
+                                   f"'{settings.AUTO}' and CONFIDENCE in (0, 1), got {text!r}")
+  auto = settings.is_auto(gamma)
   if not drafter or not (auto or gamma.isdigit()) or (not auto and int(gamma) < 1) or (slash and not confidence):
     raise bad
   try:
@@ -127,7 +128,7 @@ def compare(args) -> dict:
     # 'auto' runs take their γ before anything is timed, as the main job does at the start of a row (the baseline
     # compiled here is the one timed below: compile_predict keeps it).
     for drafter, gamma, confidence in args.runs:
-      if auto_gamma.is_auto(gamma):
+      if settings.is_auto(gamma):
         chosen[(family, drafter, confidence)] = choose_gamma(
             target_module, target_params, drafters[drafter], confidence, batches, sampling[modes[0]],
             base.compile_predict(sampling[modes[0]]))
@@ -138,7 +139,7 @@ def compare(args) -> dict:
       for drafter, gamma, confidence in args.runs:
         drafter_module, drafter_params, vocab_ids = drafters[drafter]
         name = run_name(drafter, gamma, confidence)
-        if auto_gamma.is_auto(gamma):
+        if settings.is_auto(gamma):
           gamma = chosen[(family, drafter, confidence)]['gamma']
         spec = models.SpeculativeEncoderDecoderModel(target_module, drafter_module,
                                                      decode_fn=decoding.speculative_sample,
@@ -180,7 +181,7 @@ def compare(args) -> dict:
           except ValueError:  # every example took the same number of rounds
             pass
         drafter, gamma, confidence = run
-        auto = chosen.get((family, drafter, confidence)) if auto_gamma.is_auto(gamma) else None
+        auto = chosen.get((family, drafter, confidence)) if settings.is_auto(gamma) else None
         rows.append({
             'run': label(family, run_name(*run), shrink), **tag,
             'gamma': auto['gamma'] if auto else gamma,
@@ -227,7 +228,7 @@ def auto_lines(report: dict) -> list:
   lines = []
   for choice in report.get('gamma_auto', []):
     family = choice.get('family')
-    name = row_label(family, run_name(choice['drafter'], auto_gamma.AUTO, choice['draft_confidence']))
+    name = row_label(family, run_name(choice['drafter'], settings.AUTO, choice['draft_confidence']))
     measured = [r for r in report['rows'] if r['run'] == name]
     fixed = [r for r in report['rows'] if r['run'] != name and r['run'] == row_label(
         family, run_name(choice['drafter'], r.get('gamma'), choice['draft_confidence']))]
@@ -278,7 +279,7 @@ def markdown(report: dict) -> str:
               '**speedup** | identical |', '|---|---|---|---|---|---|']
   for r in report['rows']:
     identical = '-' if r['identical'] is None else ('100%' if r['identical'] else 'NO')
-    run = r['run'] + (f" (γ = {r['gamma']})" if f':{auto_gamma.AUTO}' in r['run'] else '')
+    run = r['run'] + (f" (γ = {r['gamma']})" if f':{settings.AUTO}' in r['run'] else '')
     head = f"| {run} | {fmt(r['alpha'], '.3f')} | {fmt(r['tokens_per_call'], '.2f')} | "
     if report.get('shrink') == 'both':
       lines.append(head + f"**{r['speedup']:.3f}×** | {r['speedup_vs_full_batch_baseline']:.3f}× | {identical} |")

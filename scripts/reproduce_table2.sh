@@ -27,7 +27,7 @@ for batch in $BATCH_SIZES; do
     fi
     echo "== $name (batch $batch)"
     python -m specdec.main --gin_file="$gin_file" --gin.OUTPUT_DIR="'$rows/$name'" \
-      --gin.run_config.DataConfig.max_examples="$MAX_EXAMPLES" --gin.benchmark.Setting.batch_size="$batch" "$@"
+      --gin.run_config.DataConfig.max_examples="$MAX_EXAMPLES" --gin.settings.Setting.batch_size="$batch" "$@"
   done
 done
 python scripts/make_table2.py --rows "${ROW_DIRS[@]}" --out "$OUT" \

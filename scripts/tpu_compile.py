@@ -33,7 +33,7 @@ def parse_args(argv):
   parser.add_argument('--num_partitions', type=int, default=None,
                       help='override the gin files\' NUM_PARTITIONS (the mesh\'s model axis)')
   parser.add_argument('--batch_size', type=int, default=None,
-                      help='override the Table-2 rows\' batch size (benchmark.Setting.batch_size)')
+                      help='override the Table-2 rows\' batch size (settings.Setting.batch_size)')
   parser.add_argument('--out', default=DEFAULT_OUT, help='results directory (relative to the repo)')
   parser.add_argument('--retry_failed', action='store_true', help='compile again the programs that failed')
   parser.add_argument('--verify_curve', action='store_true',
@@ -112,7 +112,7 @@ def main(argv=None):
   pick = lambda files: [f for f in files if not only or os.path.splitext(os.path.basename(f))[0] in only]
   decode_bindings = list(bindings)
   if args.batch_size is not None:
-    decode_bindings.append(f'--gin.benchmark.Setting.batch_size={args.batch_size}')
+    decode_bindings.append(f'--gin.settings.Setting.batch_size={args.batch_size}')
 
   def programs():
     decode_kinds = [k for k in kinds if k != 'train_step']

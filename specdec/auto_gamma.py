@@ -34,7 +34,6 @@ from specdec import fileio
 from specdec import profiling
 from specdec import theory
 
-AUTO = 'auto'
 # The widest round `choose` considers: its verify call is MAX_GAMMA + 1 tokens wide.
 MAX_GAMMA = 8
 # γ of the calibration decode and of the in-loop c (a draft step's cost and the acceptance at a depth do not
@@ -45,10 +44,6 @@ PROBE_GAMMA = 2
 CALIBRATION_EXAMPLES = 16
 FILE_NAME = 'gamma_auto.json'
 CPUINFO = '/proc/cpuinfo'
-
-
-def is_auto(gamma: Any) -> bool:
-  return isinstance(gamma, str) and gamma == AUTO
 
 
 def pick(alpha: float, c: float, curve: Mapping[str, Sequence[float]], max_gamma: int = MAX_GAMMA,

@@ -19,7 +19,7 @@ stopped; the summary is written as JSON, CSV (per example), Markdown and a plot.
 configuration wrote (`fingerprint_fields`, recorded in fingerprint.json; `specdec.fingerprint`).
 
 `run(models, data, setting, output, measuring)` takes small dataclasses: `ModelPair` (target and drafter),
-`TaskSplit` (the examples), `Setting` (decoding), `Output` (where it writes, resuming or overwriting) and
+`TaskSplit` (the examples), `settings.Setting` (decoding), `Output` (where it writes, resuming or overwriting) and
 `Measuring` (a mesh, in-loop costs).
 """
 
@@ -28,7 +28,7 @@ import datetime
 import json
 import os
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -47,6 +47,7 @@ from specdec import partitioning
 from specdec import plots
 from specdec import profiling
 from specdec import reporting
+from specdec import settings
 from specdec import sharded_decoding
 
 # Input lengths are padded up to one of these (capped at the configured length), so short inputs do not pay
@@ -58,45 +59,6 @@ RECORDS_VERSION = 2
 # What a run writes into its directory (`overwrite` discards exactly these, and the fingerprint).
 OUTPUT_FILES = ('examples.jsonl', 'benchmark.json', 'benchmark.csv', 'benchmark.md', 'benchmark.png',
                 auto_gamma.FILE_NAME)
-
-
-@dataclasses.dataclass(frozen=True)
-class Setting:
-  """One benchmark configuration (the decoding side). `gamma`: drafts per round, or 'auto' (`auto_gamma`: chosen at
-  the start of the run from this machine's verify-cost curve, a calibration α and the in-loop c)."""
-  gamma: Union[int, str] = 5
-  temperature: float = 0.0
-  topk: int = 0
-  topp: float = 0.0
-  batch_size: int = 1
-  repeats: int = 3
-  seed: int = 0
-  length_buckets: bool = True
-  # Adaptive drafting (`decoding.speculative_sample`): stop a row's drafts below this drafter confidence.
-  draft_confidence: float = 0.0
-
-  def validate(self) -> None:
-    if isinstance(self.gamma, str) and not auto_gamma.is_auto(self.gamma):
-      raise ValueError(f"gamma must be an int >= 1 or '{auto_gamma.AUTO}', got {self.gamma!r}.")
-    decoding.validate_settings(self.temperature, self.topk, self.topp,
-                               gamma=1 if auto_gamma.is_auto(self.gamma) else self.gamma,
-                               draft_confidence=self.draft_confidence)
-    if self.batch_size < 1 or self.repeats < 1:
-      raise ValueError(f'batch_size and repeats must be >= 1, got {self.batch_size}, {self.repeats}.')
-
-  def speculative_params(self) -> Dict[str, Any]:
-    """`decoder_params` plus γ, statistics and (when on) adaptive drafting."""
-    if auto_gamma.is_auto(self.gamma):
-      raise ValueError("gamma='auto' is resolved by benchmark.run before any decoder is compiled.")
-    params = dict(self.decoder_params(), gamma=self.gamma, return_stats=True)
-    if self.draft_confidence:
-      params['draft_confidence'] = float(self.draft_confidence)
-    return params
-
-  def decoder_params(self) -> Dict[str, Any]:
-    # T5X's decode functions default to topk=1 (argmax); 0 means "no top-k".
-    return {'temperature': float(self.temperature), 'topk': int(self.topk),
-            'topp': float(self.topp)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -257,7 +219,7 @@ def devices_label(mesh=None) -> str:
   return label + (f', mesh {dict(mesh.shape)}' if mesh is not None else '')
 
 
-def fingerprint_fields(task_name: str, split: str, lengths: Mapping[str, int], setting: Setting,
+def fingerprint_fields(task_name: str, split: str, lengths: Mapping[str, int], setting: settings.Setting,
                        max_examples: Optional[int], drafter_name: str,
                        provenance: Optional[Mapping[str, Any]] = None, mesh=None) -> Dict[str, Any]:
   """What determines a benchmark run's per-example records (`specdec.fingerprint`).
@@ -270,7 +232,7 @@ def fingerprint_fields(task_name: str, split: str, lengths: Mapping[str, int], s
               devices=devices_label(mesh), **dataclasses.asdict(setting), **dict(provenance or {}))
 
 
-def run(models: ModelPair, data: TaskSplit, setting: Setting, output: Output,
+def run(models: ModelPair, data: TaskSplit, setting: settings.Setting, output: Output,
         measuring: Measuring = Measuring()) -> Dict[str, Any]:
   """Benchmarks baseline vs speculative decoding on a task split; writes results into `output.output_dir`.
 
@@ -294,7 +256,7 @@ def run(models: ModelPair, data: TaskSplit, setting: Setting, output: Output,
   batches = make_batches(examples, data.lengths, setting.batch_size, setting.length_buckets)
   chosen = None
   others = {}  # other processes' share of the machine while each part was timed (`machine_load`)
-  if auto_gamma.is_auto(setting.gamma):  # fingerprinted as 'auto'; decoded, costed and reported at the choice
+  if settings.is_auto(setting.gamma):  # fingerprinted as 'auto'; decoded, costed and reported at the choice
     with machine_load.CpuMeter() as meter:
       chosen = _choose_gamma(models, vocab, setting, batches, output.output_dir)
     others['gamma_auto'] = meter.share
@@ -329,7 +291,7 @@ def run(models: ModelPair, data: TaskSplit, setting: Setting, output: Output,
   return summary
 
 
-def _choose_gamma(models: ModelPair, vocab, setting: Setting, batches, output_dir: str) -> Dict[str, Any]:
+def _choose_gamma(models: ModelPair, vocab, setting: settings.Setting, batches, output_dir: str) -> Dict[str, Any]:
   """`auto_gamma.choose` with this run's models and decoders (kept in output_dir, so a resumed run keeps it)."""
   probe = dataclasses.replace(setting, gamma=auto_gamma.PROBE_GAMMA)
   decoders = compile_decoders(models, vocab, probe)
@@ -340,10 +302,10 @@ def _choose_gamma(models: ModelPair, vocab, setting: Setting, batches, output_di
       log=lambda line: print(line, flush=True))
 
 
-def validate(models: ModelPair, setting: Setting, mesh=None) -> None:
+def validate(models: ModelPair, setting: settings.Setting, mesh=None) -> None:
   """Raises ValueError for a setting or a pair of models that cannot be benchmarked (before anything is written)."""
   setting.validate()
-  if auto_gamma.is_auto(setting.gamma) and mesh is not None:
+  if settings.is_auto(setting.gamma) and mesh is not None:
     raise ValueError("gamma='auto' measures its choice on one device: give γ as an int on a mesh.")
   if isinstance(models.drafter_module, oracle.OracleDrafter):
     raise ValueError('the oracle drafter is a measuring instrument of controlled acceptance, not a drafter: '
@@ -371,7 +333,7 @@ class Decoders:
   eos_id: int
 
 
-def compile_decoders(models: ModelPair, vocab, setting: Setting, mesh=None) -> Decoders:
+def compile_decoders(models: ModelPair, vocab, setting: settings.Setting, mesh=None) -> Decoders:
   """Both decoders for `setting`: jitted on the default device, or sharded over `mesh` (params sharded too)."""
   baseline, speculative = _models(models.target_module, models.drafter_module, vocab, models.draft_vocab_ids)
   base_params = {'target': models.target_params}
@@ -388,7 +350,7 @@ def compile_decoders(models: ModelPair, vocab, setting: Setting, mesh=None) -> D
   return Decoders(base_predict, spec_predict, base_params, params, baseline.eos_id)
 
 
-def sharded_decoders(models: ModelPair, vocab, setting: Setting, mesh
+def sharded_decoders(models: ModelPair, vocab, setting: settings.Setting, mesh
                      ) -> Tuple[sharded_decoding.ShardedPredictor, sharded_decoding.ShardedPredictor]:
   """(baseline, speculative) predictors of `setting` over `mesh`, before any params are placed (the TPU compile
   check lowers them for abstract params: `tpu_programs`). Reads only the modules and draft vocabulary of `models`."""
@@ -397,7 +359,7 @@ def sharded_decoders(models: ModelPair, vocab, setting: Setting, mesh
           sharded_decoding.compile_predict_sharded(speculative, mesh, decoder_params=setting.speculative_params()))
 
 
-def _time_batches(models: ModelPair, data: TaskSplit, setting: Setting, decoders: Decoders, vocab, examples,
+def _time_batches(models: ModelPair, data: TaskSplit, setting: settings.Setting, decoders: Decoders, vocab, examples,
                   batches, done: Dict[int, dict], log, log_every: int, start: float) -> float:
   """Times every batch with an example not in `done`; its records go to `log` and `done`. Returns the seconds
   spent compiling and warming up (each input shape once, untimed)."""
@@ -507,7 +469,7 @@ def _quality(task, records: Sequence[Mapping[str, Any]], examples) -> Dict[str, 
   }
 
 
-def _summarize(models: ModelPair, data: TaskSplit, setting: Setting, output: Output, records, costs,
+def _summarize(models: ModelPair, data: TaskSplit, setting: settings.Setting, output: Output, records, costs,
                in_loop_by_rows, quality, wall_seconds: Mapping[str, float], recorded: Mapping[str, Any]
                ) -> Dict[str, Any]:
   """`reporting.summarize_benchmark` and the run's facts: what ran, where, when, and its fingerprint."""
@@ -520,7 +482,7 @@ def _summarize(models: ModelPair, data: TaskSplit, setting: Setting, output: Out
   return summary
 
 
-def _costs(models: ModelPair, data: TaskSplit, setting: Setting, decoders: Decoders, batches, output_dir: str,
+def _costs(models: ModelPair, data: TaskSplit, setting: settings.Setting, decoders: Decoders, batches, output_dir: str,
            measuring: Measuring) -> Tuple[Dict[str, float], Optional[Dict[int, Dict[str, float]]]]:
   """(call costs, in-loop costs by batch rows): those a resumed run stored, else measured on the first batch."""
   enc0 = batches[0][1]['encoder_input_tokens']
@@ -545,7 +507,8 @@ def _costs(models: ModelPair, data: TaskSplit, setting: Setting, decoders: Decod
   return costs, in_loop_by_rows
 
 
-def _in_loop_costs(models: ModelPair, setting: Setting, decoders: Decoders, first) -> Dict[int, Dict[str, float]]:
+def _in_loop_costs(models: ModelPair, setting: settings.Setting, decoders: Decoders, first
+                   ) -> Dict[int, Dict[str, float]]:
   """One round, phase by phase, inside a compiled loop (the `first` batch, its baseline output as the prefix), at
   every batch size the shrinking loops run at (B, B/2, ..., 1: the first rows of the batch)."""
   decoded_l = partitioning.to_host(

@@ -3,6 +3,7 @@
 A command-line binding that would change nothing is an error, not a silent no-op: a macro no gin file references
 (`--gin.GAMA=3` for GAMMA), an unknown configurable or parameter. Each such error, and a macro left unset, is one
 line (`GinConfigError`) naming the binding and the closest known name, or, for a renamed parameter, its new name.
+A configurable that moved (`MOVED_CONFIGURABLES`), named in a gin file or a binding, is one line naming its new name.
 `macro_values` reads the macros gin files use, with their values (the launcher's --help).
 """
 
@@ -17,6 +18,9 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, 
 import gin
 
 REPO_GIN_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'gin')
+# Configurables that moved to another module, {former selector: selector now}. gin alone says only that it cannot
+# resolve the former name (with a traceback); configs written before the move are told where it went.
+MOVED_CONFIGURABLES = {'benchmark.Setting': 'settings.Setting'}
 
 
 def split_gin_args(argv: Sequence[str]) -> Tuple[List[str], List[str], List[str]]:
@@ -131,9 +135,35 @@ def _known_parameters(selector: str) -> List[str]:
     return []
 
 
+def _moved(selector: str) -> Optional[Tuple[str, str]]:
+  """(former, now) when `selector` (optionally scoped, optionally with a parameter) names a moved configurable."""
+  selector = selector.rsplit('/', 1)[-1]
+  for former, now in MOVED_CONFIGURABLES.items():
+    if re.search(rf'(^|\.){re.escape(former)}($|\.)', selector):
+      return former, now
+  return None
+
+
+def _moved_message(error_text: str) -> Optional[str]:
+  """gin's error about an unresolvable selector, as one line naming the new name, if the selector moved."""
+  unresolved = re.search(r"Couldn't resolve selector ([\w./]+)|No configurable matching (?:reference )?'@?([\w./]+)",
+                         error_text)
+  moved = unresolved and _moved(unresolved.group(1) or unresolved.group(2))
+  if not moved:
+    return None
+  where = re.search(r'In file "([^"]+)", line (\d+)', error_text)
+  where = f'{where.group(1)}, line {where.group(2)}: ' if where else ''
+  former, now = moved
+  module = now.rsplit('.', 1)[0]
+  return f'{where}{former} is now {now} (from specdec import {module}; then {now}.NAME = VALUE, @{now}()).'
+
+
 def _explain_binding_error(binding: str, error: Exception) -> str:
   """gin's error for one command-line binding, as one line with the closest known name."""
   text = error.args[0] if isinstance(error, tokenize.TokenError) and error.args else str(error)
+  moved = _moved_message(text)
+  if moved:
+    return f"binding '{binding}': {moved}"
   first = text.splitlines()[0] if text else type(error).__name__
   unknown = re.match(r"No configurable matching '([^']+)'", first)
   if unknown:
@@ -184,21 +214,30 @@ def _parse_files(files: Sequence[str]) -> None:
       resolved.append(os.path.join(REPO_GIN_DIR, f))
     else:
       raise FileNotFoundError(f'gin file not found: {f} (also looked in {REPO_GIN_DIR}).')
-  gin.parse_config_files_and_bindings(resolved, [], finalize_config=False)
+  try:
+    gin.parse_config_files_and_bindings(resolved, [], finalize_config=False)
+  except (AttributeError, ValueError) as e:
+    moved = _moved_message(str(e))
+    if not moved:
+      raise
+    raise GinConfigError(moved) from None
 
 
 def parse(files: Sequence[str], bindings: Sequence[str], renamed: Optional[Mapping[str, str]] = None) -> None:
   """Parses gin files (looked up as given, then under the repo's gin/), then the command line's bindings.
 
   Raises GinConfigError for a binding that cannot take effect or a macro left unset (see the module docstring),
-  and for a binding of a name in `renamed` ({former name: its name now}), naming the new one.
+  for a binding of a name in `renamed` ({former name: its name now}), naming the new one, and for a gin file or
+  binding naming a configurable in `MOVED_CONFIGURABLES`, naming where it went.
   """
   _parse_files(files)
   for binding in bindings:  # one at a time, so an error names its binding
     name = _binding_name(binding)
-    if renamed and name in renamed:
-      raise GinConfigError(f"binding '{binding}': {name} is now {renamed[name]} "
-                           f'(--gin.{renamed[name]}={binding.partition("=")[2].strip()}).')
+    moved = _moved(name) if name else None
+    now = (renamed or {}).get(name) or (moved and name.replace(moved[0], moved[1], 1))
+    if now:
+      raise GinConfigError(f"binding '{binding}': {name} is now {now} "
+                           f'(--gin.{now}={binding.partition("=")[2].strip()}).')
     try:
       gin.parse_config(binding)
     except (ValueError, SyntaxError, tokenize.TokenError) as e:

@@ -11,7 +11,7 @@ Cloud TPU pod slices). `--debug` shows an error's traceback. Everything the run 
 
 `run` takes one `run_config.RunConfig`, built in gin (`main.run.config = @run_config.RunConfig()`): its mode,
 output directory, data (`run_config.DataConfig`: task, split, lengths, max_examples), models
-(`run_config.ModelsConfig`: checkpoints), decoding (`benchmark.Setting`: γ, temperature, batch size, ...) and,
+(`run_config.ModelsConfig`: checkpoints), decoding (`settings.Setting`: γ, temperature, batch size, ...) and,
 for tables, rows. `run_config.RunConfig.num_partitions` shards params, caches and decoding over a (data, model)
 mesh.
 
@@ -47,51 +47,9 @@ import gin
 import jax
 import numpy as np
 
+from specdec import import_order  # pylint: disable=g-bad-import-order
 
-@contextlib.contextmanager
-def _stderr_to_devnull():
-  """Points file descriptor 2 at /dev/null (C++ libraries write there directly, past sys.stderr)."""
-  sys.stderr.flush()
-  saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-  os.dup2(devnull, 2)
-  try:
-    yield
-  finally:
-    os.dup2(saved, 2)
-    os.close(saved)
-    os.close(devnull)
-
-
-def _import_tensorflow_quietly() -> None:
-  """Imports TensorFlow (seqio's input pipeline, the project's only use of it) kept off accelerators and quiet.
-
-  TF prints start-up noise (oneDNN banners, "failed call to cuInit", cache_dataset_ops warnings) that says nothing
-  about this project. Its C++ log level is read once, so it is raised only while TF loads and lists its devices,
-  then put back for JAX (which reads the same variable, TF_CPP_MIN_LOG_LEVEL). TF is kept off GPUs so it never
-  takes accelerator memory from JAX. SPECDEC_TF_LOGS=1 shows everything.
-  """
-  if 'tensorflow' in sys.modules or os.environ.get('SPECDEC_TF_LOGS') == '1':
-    return
-  level = os.environ.get('TF_CPP_MIN_LOG_LEVEL')
-  os.environ['TF_CPP_MIN_LOG_LEVEL'] = '3'
-  try:
-    with _stderr_to_devnull():  # the banners printed while TF's libraries load ignore the log level
-      import tensorflow as tf  # pylint: disable=g-import-not-at-top
-      # seqio loads more of TF's libraries (text ops), and each reads the level as it loads.
-      import seqio  # pylint: disable=g-import-not-at-top,unused-import
-      try:
-        tf.config.set_visible_devices([], 'GPU')
-      except RuntimeError:  # TF's devices are already initialised (TF was used before): leave them
-        pass
-  finally:
-    if level is None:
-      os.environ.pop('TF_CPP_MIN_LOG_LEVEL', None)
-    else:
-      os.environ['TF_CPP_MIN_LOG_LEVEL'] = level
-  tf.get_logger().setLevel('ERROR')  # TF's Python-side deprecation warnings
-
-
-_import_tensorflow_quietly()  # before specdec's modules import seqio, and with it TF
+import_order.import_tensorflow_quietly()  # before specdec's modules import seqio, and with it TF
 
 from specdec import benchmark  # pylint: disable=g-import-not-at-top,wrong-import-position
 from specdec import ceiling
@@ -106,6 +64,7 @@ from specdec import models
 from specdec import partitioning
 from specdec import reporting
 from specdec import run_config
+from specdec import settings
 from specdec import sharded_decoding
 from specdec import tables
 from specdec import tasks
@@ -277,7 +236,7 @@ def _check_tasks(config: run_config.RunConfig) -> None:
       raise run_config.ConfigError(f'unknown task {name!r} (registered: {", ".join(sorted(known))}).')
 
 
-def predictions_fingerprint(task: str, split: str, lengths: Mapping[str, int], setting: benchmark.Setting,
+def predictions_fingerprint(task: str, split: str, lengths: Mapping[str, int], setting: settings.Setting,
                             max_examples: Optional[int], drafter_name: str,
                             models_fields: Mapping[str, Any]) -> Dict[str, Any]:
   """What determines predictions.jsonl ('infer' and 'eval' share it: 'eval' may score an 'infer' run)."""
@@ -313,7 +272,7 @@ class OutputPlan:
   owned: Sequence[str]
   drafter_checkpoint: Optional[str]
   drafter_name: str
-  setting: benchmark.Setting
+  setting: settings.Setting
   provenance: Mapping[str, Any]
   row: Optional[Row] = None
 
@@ -486,7 +445,7 @@ def help_text(files: Sequence[str] = (DEFAULT_GIN_FILE,)) -> str:
            '  --gin.NAME=VALUE    a gin binding: a macro (--gin.GAMMA=3) or a parameter, e.g.',
            '                      --gin.run_config.DataConfig.max_examples=8 (the first 8 examples)',
            '                      --gin.run_config.RunConfig.overwrite=True (discard earlier outputs)',
-           '                      --gin.benchmark.Setting.batch_size=8',
+           '                      --gin.settings.Setting.batch_size=8',
            '  --multihost         initialise multi-host JAX first (Cloud TPU pod slices)',
            '  --debug             show the traceback of an error instead of its one line',
            '', 'gin folders (under gin/):']

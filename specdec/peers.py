@@ -60,6 +60,7 @@ from specdec import peers_report
 from specdec import plots
 from specdec import profiling
 from specdec import reporting
+from specdec import settings
 
 INSTALL_HINT = "pip install -e '.[peers]'"
 # The record keys of the frameworks and systems (`peers_report` sums and renders by them).
@@ -482,8 +483,8 @@ def _systems(frameworks: _Frameworks, setting: PeerSetting, hf_settings: Sequenc
   baseline_model, speculative_model = f.decoders
   ours = [(SPECULATIVE, 0.0)] + ([(ADAPTIVE, setting.draft_confidence)] if setting.draft_confidence else [])
   for name, confidence in [(BASELINE, 0.0)] + ours:
-    ours_setting = benchmark.Setting(gamma=setting.gamma, temperature=temperature, topk=0, seed=setting.seed,
-                                     draft_confidence=confidence)
+    ours_setting = settings.Setting(gamma=setting.gamma, temperature=temperature, topk=0, seed=setting.seed,
+                                    draft_confidence=confidence)
     if name == BASELINE:
       systems.append(_ours_system(name, baseline_model.compile_predict(ours_setting.decoder_params()),
                                   {'target': f.pair.target_params}, f.batches, temperature, setting.seed,
@@ -576,7 +577,7 @@ def time_ours_batched(decoders, params, examples, lengths, gamma, temperatures, 
   rows = []
   batches = benchmark.make_batches(examples, lengths, batch_size, length_buckets)
   for temperature in temperatures:
-    setting = benchmark.Setting(gamma=gamma, temperature=temperature, topk=0, seed=seed)
+    setting = settings.Setting(gamma=gamma, temperature=temperature, topk=0, seed=seed)
     base_predict = decoders[0].compile_predict(setting.decoder_params())
     spec_predict = decoders[1].compile_predict(setting.speculative_params())
     for name, predict, these_params in ((BASELINE, base_predict, {'target': params['target']}),

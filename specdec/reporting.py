@@ -110,7 +110,7 @@ def summarize_benchmark(records: Sequence[Mapping[str, Any]], costs: Mapping[str
                         in_loop_by_rows: Optional[Mapping[int, Mapping[str, float]]] = None) -> Dict[str, Any]:
   """The benchmark's numbers from per-example records and the measured call costs.
 
-  `setting`: the run's `benchmark.Setting` (its gamma, temperature and batch_size are read).
+  `setting`: the run's `settings.Setting` (its gamma, temperature and batch_size are read).
   `in_loop_by_rows`: `profiling.in_loop_costs` at each batch size the loops run at (`batch_shrink.stage_sizes`);
   the summary's `in_loop` is the full batch's.
   """

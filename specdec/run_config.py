@@ -8,7 +8,7 @@ A gin experiment file builds one `RunConfig` for `main.run`:
     mode = 'benchmark'
     data = @run_config.DataConfig()         # task, split, lengths, how many examples
     models = @run_config.ModelsConfig()     # target and drafter checkpoints
-    decoding = @benchmark.Setting()         # γ, temperature, top-k/top-p, batch size, repeats, seed
+    decoding = @settings.Setting()          # γ, temperature, top-k/top-p, batch size, repeats, seed
 
 `check` makes every check that needs no model: settings, modes, rows, that the checkpoints, corpus and vocabulary
 exist, and that the drafter's vocabulary is the target's where both checkpoints record theirs. It raises
@@ -19,9 +19,9 @@ import dataclasses
 import json
 from typing import Any, Mapping, Optional, Sequence, Tuple
 
-from specdec import benchmark
 from specdec import fileio
 from specdec import ngram
+from specdec import settings
 from specdec import tasks
 
 MODES = ('infer', 'eval', 'benchmark', 'table')
@@ -35,8 +35,8 @@ FORMER_RUN_PARAMETERS = {
         ('run_config.DataConfig', ('task', 'split', 'feature_lengths', 'max_examples', 'corpus_dir', 'vocab_path')),
         ('run_config.ModelsConfig', ('target_checkpoint', 'drafter_checkpoint', 'target_config', 'drafter_config',
                                      'drafter_name', 'dtype')),
-        ('benchmark.Setting', ('gamma', 'temperature', 'topk', 'topp', 'draft_confidence', 'batch_size', 'repeats',
-                               'seed', 'length_buckets')))
+        ('settings.Setting', ('gamma', 'temperature', 'topk', 'topp', 'draft_confidence', 'batch_size', 'repeats',
+                              'seed', 'length_buckets')))
     for name in names}
 
 
@@ -113,7 +113,7 @@ class RunConfig:
   mode: str = 'benchmark'
   data: DataConfig = dataclasses.field(default_factory=DataConfig)
   models: ModelsConfig = dataclasses.field(default_factory=ModelsConfig)
-  decoding: benchmark.Setting = dataclasses.field(default_factory=benchmark.Setting)
+  decoding: settings.Setting = dataclasses.field(default_factory=settings.Setting)
   rows: Sequence[Any] = ()
   table_name: str = 'Table 2 analogue'
   num_partitions: Optional[int] = None
@@ -131,7 +131,7 @@ def row_drafter_checkpoint(row: Row, target_checkpoint: str) -> str:
   return row.drafter_checkpoint or fileio.join(fileio.dirname(fileio.normpath(target_checkpoint)), row.drafter)
 
 
-def row_setting(row: Row, setting: benchmark.Setting) -> benchmark.Setting:
+def row_setting(row: Row, setting: settings.Setting) -> settings.Setting:
   """`setting` with the row's γ, temperature and adaptive drafting."""
   return dataclasses.replace(setting, gamma=row.gamma, temperature=row.temperature,
                              draft_confidence=row.draft_confidence)
@@ -143,17 +143,17 @@ def row_label(row: Row) -> str:
           + (f', draft confidence {row.draft_confidence:g}' if row.draft_confidence else ''))
 
 
-def _plain_setting(setting: Any) -> benchmark.Setting:
-  """A `benchmark.Setting` of the same fields (gin may hand a subclass it made to carry the bindings)."""
-  return benchmark.Setting(**{f.name: getattr(setting, f.name) for f in dataclasses.fields(benchmark.Setting)})
+def _plain_setting(setting: Any) -> settings.Setting:
+  """A `settings.Setting` of the same fields (gin may hand a subclass it made to carry the bindings)."""
+  return settings.Setting(**{f.name: getattr(setting, f.name) for f in dataclasses.fields(settings.Setting)})
 
 
 def normalized(config: RunConfig) -> RunConfig:
-  """`config` with its decoding a plain `benchmark.Setting` and its rows `Row`s."""
+  """`config` with its decoding a plain `settings.Setting` and its rows `Row`s."""
   return dataclasses.replace(config, decoding=_plain_setting(config.decoding), rows=table_rows(config))
 
 
-def _checked_setting(setting: benchmark.Setting, where: str = '') -> None:
+def _checked_setting(setting: settings.Setting, where: str = '') -> None:
   try:
     setting.validate()
   except ValueError as e:

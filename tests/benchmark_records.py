@@ -2,8 +2,8 @@
 shared by reporting_test.py and benchmark_test.py. Three examples in two batches, numbers chosen to be worked
 out by hand."""
 
-from specdec import benchmark
 from specdec import reporting
+from specdec import settings
 
 GAMMA = 3
 COSTS = {'target_call_s': 0.010, 'verify_call_s': 0.012, 'draft_call_s': 0.002, 'c': 0.2,
@@ -44,7 +44,7 @@ def in_loop(fixed, spec_fixed, step, round_):
 
 
 def full_summary(records, temperature=0.0):  # pylint: disable=redefined-outer-name
-  setting = benchmark.Setting(gamma=GAMMA, temperature=temperature, repeats=1)
+  setting = settings.Setting(gamma=GAMMA, temperature=temperature, repeats=1)
   s = reporting.summarize_benchmark(records, COSTS, setting)
   s.update(task='specdec_ende_local', split='test', drafter='d1', lengths={'inputs': 16, 'targets': 8},
            setting={'gamma': GAMMA, 'temperature': temperature, 'topk': 0, 'topp': 0.0, 'batch_size': 2,

@@ -400,10 +400,6 @@ class TestValidateDecodeArgs:
   def test_settings_alone_are_checked_by_the_same_helper(self, kwargs, message):
     with pytest.raises(ValueError, match=message):
       decoding.validate_settings(**kwargs)
-    # The benchmark's settings are checked by it too, with the same words.
-    from specdec import benchmark  # pylint: disable=g-import-not-at-top
-    with pytest.raises(ValueError, match=message):
-      benchmark.Setting(**{'gamma': 1, **kwargs}).validate()
 
   def test_gamma_is_checked_only_when_given(self):
     with pytest.raises(ValueError, match='gamma must be an int >= 1, got 0'):

@@ -10,14 +10,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec import auto_gamma
-from specdec import benchmark
 from specdec import decoding
 from specdec import gin_utils
 from specdec import main
 from specdec import models
 from specdec import network
 from specdec import run_config
+from specdec import settings
 from specdec import tables
 from specdec import tasks
 from specdec import train
@@ -131,7 +130,7 @@ def test_experiment_file_parses_and_binds_a_valid_run(path):
   assert p['split'] in tasks.SPLITS
   assert set(dict(p['feature_lengths'])) == {'inputs', 'targets'}
   assert all(isinstance(n, int) and n > 0 for n in dict(p['feature_lengths']).values())
-  assert auto_gamma.is_auto(p['gamma']) or (
+  assert settings.is_auto(p['gamma']) or (
       isinstance(p['gamma'], int) and not isinstance(p['gamma'], bool) and p['gamma'] >= 1)
   assert p['temperature'] >= 0
   assert not (p['topk'] and p['topp'])
@@ -143,10 +142,10 @@ def test_experiment_file_parses_and_binds_a_valid_run(path):
     for row in p['rows']:
       row = row if isinstance(row, main.Row) else main.Row(**row)
       assert row.task in KNOWN_TASKS and row.temperature >= 0
-      assert auto_gamma.is_auto(row.gamma) or (isinstance(row.gamma, int) and row.gamma >= 1)
+      assert settings.is_auto(row.gamma) or (isinstance(row.gamma, int) and row.gamma >= 1)
   # The launcher's own validation accepts the setting.
-  benchmark.Setting(gamma=p['gamma'], temperature=p['temperature'], topk=p['topk'], topp=p['topp'],
-                    batch_size=p['batch_size'], repeats=p['repeats']).validate()
+  settings.Setting(gamma=p['gamma'], temperature=p['temperature'], topk=p['topk'], topp=p['topp'],
+                   batch_size=p['batch_size'], repeats=p['repeats']).validate()
 
 
 # The paper's Table 2 (T5-XXL target): (task, drafter, temperature) -> γ.

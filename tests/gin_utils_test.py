@@ -165,7 +165,7 @@ class TestBindingsThatWouldChangeNothing:
     assert gin.query_parameter('%GAMMA') == 3
 
   def test_a_macro_used_only_by_another_binding_binds(self):
-    gin_utils.parse([self.FILE], ["OUTPUT_DIR = 'runs/x'", 'MY_GAMMA = 6', 'benchmark.Setting.gamma = %MY_GAMMA'])
+    gin_utils.parse([self.FILE], ["OUTPUT_DIR = 'runs/x'", 'MY_GAMMA = 6', 'settings.Setting.gamma = %MY_GAMMA'])
     assert gin.query_parameter('%MY_GAMMA') == 6
 
   def test_a_misspelt_parameter(self):
@@ -183,8 +183,8 @@ class TestBindingsThatWouldChangeNothing:
                        'files.')
 
   def test_a_value_that_does_not_parse(self):
-    assert 'is not a gin value' in self._error('benchmark.Setting.gamma = [1')
-    assert 'is not a gin value' in self._error('benchmark.Setting.gamma = ')
+    assert 'is not a gin value' in self._error('settings.Setting.gamma = [1')
+    assert 'is not a gin value' in self._error('settings.Setting.gamma = ')
 
   def test_a_macro_used_but_never_set_is_one_line(self):
     with pytest.raises(gin_utils.GinConfigError) as e:
@@ -192,13 +192,42 @@ class TestBindingsThatWouldChangeNothing:
     assert str(e.value) == 'macro OUTPUT_DIR is used but never set: bind it, e.g. --gin.OUTPUT_DIR=VALUE.'
 
   def test_a_misspelt_macro_reference(self):
-    message = self._error('benchmark.Setting.gamma = %GAMMMA')
+    message = self._error('settings.Setting.gamma = %GAMMMA')
     assert message.startswith('macro GAMMMA is used but never set') and message.endswith('(did you mean GAMMA?).')
 
   def test_a_renamed_parameter_names_its_new_name(self):
     with pytest.raises(gin_utils.GinConfigError) as e:
       gin_utils.parse([self.FILE], ["OUTPUT_DIR = 'runs/x'", 'old.fn.n = 3'], renamed={'old.fn.n': 'new.Config.n'})
     assert str(e.value) == "binding 'old.fn.n = 3': old.fn.n is now new.Config.n (--gin.new.Config.n=3)."
+
+  @pytest.mark.parametrize('binding, now', [
+      ('benchmark.Setting.gamma = 3', "benchmark.Setting.gamma is now settings.Setting.gamma "
+                                      '(--gin.settings.Setting.gamma=3).'),
+      ('scope/benchmark.Setting.seed = 1', 'scope/benchmark.Setting.seed is now scope/settings.Setting.seed '
+                                           '(--gin.scope/settings.Setting.seed=1).'),
+      ('run_config.RunConfig.decoding = @benchmark.Setting()',
+       'benchmark.Setting is now settings.Setting (from specdec import settings; then settings.Setting.NAME = '
+       'VALUE, @settings.Setting()).')])
+  def test_a_moved_configurable_on_the_command_line_names_its_new_name(self, binding, now):
+    assert self._error(binding) == f"binding '{binding}': {now}"
+
+  @pytest.mark.parametrize('text, line', [
+      ('benchmark.Setting.gamma = 3\n', 4),
+      ('benchmark.Setting:\n  gamma = 3\n', 4),
+      ('run_config.RunConfig.decoding = @benchmark.Setting()\n', 4)])
+  def test_a_moved_configurable_in_a_gin_file_names_its_new_name(self, tmp_path, text, line):
+    path = tmp_path / 'old.gin'
+    path.write_text("include 'experiments/cpu/base.gin'\nfrom __gin__ import dynamic_registration\n"
+                    'from specdec import benchmark\n' + text)
+    message = self._error(files=[str(path)])
+    assert message == (f'{path}, line {line}: benchmark.Setting is now settings.Setting (from specdec import '
+                       'settings; then settings.Setting.NAME = VALUE, @settings.Setting()).')
+
+  def test_a_moved_configurable_in_an_included_file_names_the_file_it_is_in(self, tmp_path):
+    (tmp_path / 'old.gin').write_text('from __gin__ import dynamic_registration\nfrom specdec import benchmark\n'
+                                      'benchmark.Setting.gamma = 3\n')
+    (tmp_path / 'row.gin').write_text(f"include '{tmp_path / 'old.gin'}'\n")
+    assert self._error(files=[str(tmp_path / 'row.gin')]).startswith(f"{tmp_path / 'old.gin'}, line 3: ")
 
   def test_train_bindings_are_checked_too(self):
     message = self._error('train_config.TrainConfig.num_stepz = 3', files=['train/cpu_target.gin'])

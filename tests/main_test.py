@@ -32,6 +32,7 @@ from specdec import profiling
 from specdec import network
 from specdec import ngram
 from specdec import run_config
+from specdec import settings
 from specdec import tasks
 from specdec import theory
 
@@ -92,8 +93,8 @@ def _flags(family, out, *extra, gin_file='experiments/cpu/table2/ende_d1_t0.gin'
       f"--gin.run_config.DataConfig.corpus_dir='{FIXTURE_CORPUS}'",
       "--gin.run_config.DataConfig.feature_lengths={'inputs': 16, 'targets': 8}",
       '--gin.run_config.DataConfig.max_examples=2',
-      '--gin.benchmark.Setting.repeats=1',
-      '--gin.benchmark.Setting.length_buckets=False',
+      '--gin.settings.Setting.repeats=1',
+      '--gin.settings.Setting.length_buckets=False',
       '--gin.GAMMA=2',
   ] + list(extra)
 
@@ -244,8 +245,8 @@ def test_a_binding_without_a_value_is_one_line():
     (["--gin.run_config.RunConfig.mode='train'"], 'd1', "mode must be one of .*'train'"),
     ([], None, 'needs a drafter'),
     (['--gin.GAMMA=0'], 'd1', 'gamma must be an int >= 1, got 0'),
-    (['--gin.benchmark.Setting.temperature=-1.0'], 'd1', 'temperature'),
-    (['--gin.benchmark.Setting.topk=5', '--gin.benchmark.Setting.topp=0.9'], 'd1', 'top-k or top-p'),
+    (['--gin.settings.Setting.temperature=-1.0'], 'd1', 'temperature'),
+    (['--gin.settings.Setting.topk=5', '--gin.settings.Setting.topp=0.9'], 'd1', 'top-k or top-p'),
     (["--gin.run_config.RunConfig.mode='table'"], 'd1', 'needs rows'),
     (["--gin.run_config.RunConfig.mode='table'",
       "--gin.run_config.RunConfig.rows=[{'task': 't', 'drafter': 'd1', 'temperature': 0.0, 'gamma': 0}]"], 'd1',
@@ -263,7 +264,7 @@ def test_bad_settings_are_one_line_before_anything_is_read_or_written(family, tm
 
 def test_run_raises_the_config_error_itself(family, tmp_path):
   """Called from Python, run raises (run_config.ConfigError is a ValueError); nothing is written."""
-  config = run_config.RunConfig(output_dir=str(tmp_path / 'out'), decoding=benchmark.Setting(gamma=0),
+  config = run_config.RunConfig(output_dir=str(tmp_path / 'out'), decoding=settings.Setting(gamma=0),
                                 models=run_config.ModelsConfig(target_checkpoint=str(family['root'] / 'target'),
                                                                drafter_checkpoint=str(family['root'] / 'd1')))
   with pytest.raises(ValueError, match='gamma must be an int >= 1'):
@@ -579,7 +580,7 @@ def test_table_rows_are_checked_before_any_model_loads(family, tmp_path, monkeyp
     raise AssertionError('a model was loaded before the fingerprints were checked')
 
   monkeypatch.setattr(loading, 'load_network', no_loading)
-  message = _refused(flags + ['--gin.benchmark.Setting.seed=1'])
+  message = _refused(flags + ['--gin.settings.Setting.seed=1'])
   assert f"{out / 'specdec_ende_local_d1_t0_g2'} holds outputs of another configuration: seed 0 -> 1;" in message
 
 

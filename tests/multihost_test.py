@@ -187,7 +187,7 @@ def _main_command(root):
           f'--gin.run_config.DataConfig.max_examples={MAIN_EXAMPLES}',
           "--gin.run_config.RunConfig.mode='infer'",
           f'--gin.run_config.RunConfig.num_partitions={worker.NUM_PARTITIONS}',
-          '--gin.benchmark.Setting.batch_size=2', '--gin.benchmark.Setting.length_buckets=False',
+          '--gin.settings.Setting.batch_size=2', '--gin.settings.Setting.length_buckets=False',
           '--gin.GAMMA=2']
 
 

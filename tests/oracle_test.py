@@ -15,6 +15,7 @@ from specdec import decoding
 from specdec import models
 from specdec import network
 from specdec import oracle
+from specdec import settings
 
 V = 64
 SIGMAS = 4.5
@@ -174,5 +175,5 @@ def test_the_benchmark_refuses_the_oracle(target):
   module, params = target
   with pytest.raises(ValueError, match='measuring instrument of controlled acceptance'):
     benchmark.run(benchmark.ModelPair(module, params, oracle.OracleDrafter(oracle.OracleConfig(V)), {}),
-                  benchmark.TaskSplit('no_such_task', 'test', {'inputs': 8, 'targets': 8}), benchmark.Setting(),
+                  benchmark.TaskSplit('no_such_task', 'test', {'inputs': 8, 'targets': 8}), settings.Setting(),
                   benchmark.Output('/nonexistent'))

@@ -121,10 +121,10 @@ def _one_device_greedy(checkpoint, examples):
 
 def _case_rehearsal(root):
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  from specdec import benchmark  # pylint: disable=g-import-not-at-top
   from specdec import evaluation  # pylint: disable=g-import-not-at-top
   from specdec import main  # pylint: disable=g-import-not-at-top
   from specdec import run_config  # pylint: disable=g-import-not-at-top
+  from specdec import settings  # pylint: disable=g-import-not-at-top
   assert jax.device_count() == NUM_DEVICES, jax.devices()
   seconds = {}
   start = time.perf_counter()
@@ -170,7 +170,7 @@ def _case_rehearsal(root):
                                      corpus_dir=FIXTURE_CORPUS, vocab_path=tasks.DEFAULT_VOCAB_PATH),
           models=run_config.ModelsConfig(target_checkpoint=finetuned['target']['checkpoint'],
                                          target_config=TARGET_CFG, drafter_config=DRAFTER_CFG),
-          decoding=benchmark.Setting(batch_size=4, repeats=1, length_buckets=False),
+          decoding=settings.Setting(batch_size=4, repeats=1, length_buckets=False),
           rows=[main.Row(task=TASK, drafter=name, temperature=0.0, gamma=GAMMA,
                          drafter_checkpoint=checkpoint) for name, checkpoint in drafters],
           num_partitions=2, table_name='Rehearsal'))

@@ -9,6 +9,7 @@ import pytest
 
 from specdec import benchmark
 from specdec import reporting
+from specdec import settings
 from specdec import theory
 from tests import benchmark_records as hand
 
@@ -64,7 +65,7 @@ def test_batch_heads_keeps_the_first_record_of_each_batch():
 
 def test_summarize_batched_predicts_each_shrinking_stage():
   by_rows = {2: hand.in_loop(1.0, 2.0, 0.5, 1.0), 1: hand.in_loop(0.5, 1.0, 0.3, 0.6)}
-  s = reporting.summarize_benchmark(hand.records(), hand.COSTS, benchmark.Setting(gamma=hand.GAMMA, batch_size=2),
+  s = reporting.summarize_benchmark(hand.records(), hand.COSTS, settings.Setting(gamma=hand.GAMMA, batch_size=2),
                                     by_rows)
   # Batch 0 (tokens 6, 5; calls 2, 3): baseline 1 + 5 steps at 2 rows + 1 at 1 row = 3.8, speculative
   # 2 + 2 rounds at 2 rows + 1 at 1 row = 4.6. Batch 1 (one row, padded with a row of no steps): 1 + 4·0.3
@@ -80,7 +81,7 @@ def test_summarize_batched_predicts_each_shrinking_stage():
 
 
 def test_summarize_hand_made_records():
-  s = reporting.summarize_benchmark(hand.records(), hand.COSTS, benchmark.Setting(gamma=hand.GAMMA, temperature=0.0))
+  s = reporting.summarize_benchmark(hand.records(), hand.COSTS, settings.Setting(gamma=hand.GAMMA, temperature=0.0))
   assert s['examples'] == 3
   assert s['baseline_seconds'] == pytest.approx(0.7)
   assert s['speculative_seconds'] == pytest.approx(0.45)
@@ -124,7 +125,7 @@ def test_summarize_sampling_and_unreached_positions():
   # Nothing kept: position 0 is reached by every call, later positions by none (None, not 0 or NaN).
   rec = hand.record(0, 0, 0.1, 0.2, calls=4, accepted_at=[0, 0, 0], judged=4, drafted=12, emitted=4,
                 overlap_sum=1.0, overlap_count=4, tokens=4)
-  s = reporting.summarize_benchmark([rec], hand.COSTS, benchmark.Setting(gamma=hand.GAMMA, temperature=1.0))
+  s = reporting.summarize_benchmark([rec], hand.COSTS, settings.Setting(gamma=hand.GAMMA, temperature=1.0))
   assert s['acceptance_per_position'] == [0.0, None, None]
   assert s['alpha_accept'] == 0.0
   assert s['tokens_per_target_call'] == 1.0
@@ -165,7 +166,7 @@ def test_markdown_sampling_has_no_identity_or_mismatch_section():
 def test_summarize_unreachable_target_is_none_and_markdown_says_so():
   # c = 0.9 with verify = 3 target calls: no α reaches 2× at γ = 3 (4 tokens per call cannot pay 2 × 5.7).
   costs = dict(hand.COSTS, c=0.9, draft_call_s=0.009, verify_call_s=0.030, verify_cost_ratio=3.0)
-  s = reporting.summarize_benchmark(hand.records(), costs, benchmark.Setting(gamma=hand.GAMMA, temperature=0.0))
+  s = reporting.summarize_benchmark(hand.records(), costs, settings.Setting(gamma=hand.GAMMA, temperature=0.0))
   assert s['alpha_needed']['2.0'] is None
   json.dumps(s, allow_nan=False)
 
@@ -187,7 +188,7 @@ def test_summarize_fits_the_real_loop_costs_at_batch_1():
              for i, (tokens, calls) in enumerate(((10, 4), (20, 7), (6, 3)))]
   for r in records:
     r['batch_rows'] = 1
-  s = reporting.summarize_benchmark(records, hand.COSTS, benchmark.Setting(gamma=hand.GAMMA, temperature=0.0))
+  s = reporting.summarize_benchmark(records, hand.COSTS, settings.Setting(gamma=hand.GAMMA, temperature=0.0))
   assert s['fitted']['round_in_baseline_tokens'] == pytest.approx(2.5)
   assert s['fitted']['speculative_fixed_s'] == pytest.approx(0.003)
   assert s['fitted']['tokens_per_round'] == pytest.approx(36 / 14)
@@ -195,7 +196,7 @@ def test_summarize_fits_the_real_loop_costs_at_batch_1():
   assert '| the real loop (fitted over the examples): round / baseline token | 2.50 (2.500 / 1.000 ms)' in (
       reporting.benchmark_markdown(s))
   # Batches of two rows share one wall time: no fit.
-  batched = reporting.summarize_benchmark(hand.records(), hand.COSTS, benchmark.Setting(gamma=hand.GAMMA))
+  batched = reporting.summarize_benchmark(hand.records(), hand.COSTS, settings.Setting(gamma=hand.GAMMA))
   assert batched['fitted'] is None
 
 

@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from specdec import benchmark
 from specdec import run_config
+from specdec import settings
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGET = os.path.join(REPO, 'models', 'cpu', 'target')
@@ -36,9 +36,9 @@ def test_the_shipped_row_passes_every_check():
     (dict(output_dir=''), 'No output directory'),
     (dict(models=run_config.ModelsConfig()), 'No target checkpoint'),
     (dict(data=run_config.DataConfig(feature_lengths={'inputs': 8})), 'feature_lengths'),
-    (dict(decoding=benchmark.Setting(gamma=0)), 'gamma must be an int >= 1, got 0'),
-    (dict(decoding=benchmark.Setting(temperature=-1.0)), 'temperature must be >= 0'),
-    (dict(decoding=benchmark.Setting(topk=5, topp=0.9)), 'top-k or top-p'),
+    (dict(decoding=settings.Setting(gamma=0)), 'gamma must be an int >= 1, got 0'),
+    (dict(decoding=settings.Setting(temperature=-1.0)), 'temperature must be >= 0'),
+    (dict(decoding=settings.Setting(topk=5, topp=0.9)), 'top-k or top-p'),
     (dict(mode='table'), 'needs rows'),
     (dict(mode='table', rows=[_row(), _row(gamma=0)]), r'^table row 2 \(specdec_ende_local, d1\): gamma'),
     (dict(models=run_config.ModelsConfig(target_checkpoint=TARGET)), 'needs a drafter'),
@@ -92,7 +92,7 @@ def test_normalized_rows_and_setting():
   (row,) = config.rows
   assert row == run_config.Row(task='specdec_ende_local', drafter='d1', temperature=0.0, gamma=2,
                                draft_confidence=0.5)
-  assert type(config.decoding) is benchmark.Setting  # pylint: disable=unidiomatic-typecheck
+  assert type(config.decoding) is settings.Setting  # pylint: disable=unidiomatic-typecheck
   setting = run_config.row_setting(row, config.decoding)
   assert (setting.gamma, setting.temperature, setting.draft_confidence) == (2, 0.0, 0.5)
   assert run_config.row_drafter_checkpoint(row, TARGET) == os.path.join(REPO, 'models', 'cpu', 'd1')
@@ -109,7 +109,7 @@ def test_describe_names_the_tasks():
 
 def test_former_run_parameters_name_existing_fields():
   owners = {'run_config.RunConfig': run_config.RunConfig, 'run_config.DataConfig': run_config.DataConfig,
-            'run_config.ModelsConfig': run_config.ModelsConfig, 'benchmark.Setting': benchmark.Setting}
+            'run_config.ModelsConfig': run_config.ModelsConfig, 'settings.Setting': settings.Setting}
   assert len(run_config.FORMER_RUN_PARAMETERS) == 27
   for old, new in run_config.FORMER_RUN_PARAMETERS.items():
     owner, field = new.rsplit('.', 1)

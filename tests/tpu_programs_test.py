@@ -23,7 +23,7 @@ def _tiny_network(scope):
 
 TINY_ROW = (_tiny_network('target') + _tiny_network('drafter') +
             ['--gin.VOCAB_SIZE=128', "--gin.run_config.DataConfig.feature_lengths={'inputs': 16, 'targets': 8}",
-             '--gin.benchmark.Setting.batch_size=2'])
+             '--gin.settings.Setting.batch_size=2'])
 TINY_FINETUNE = (_tiny_network('drafter') +
                  ['--gin.network.T5Config.vocab_size=128', "--gin.FEATURE_LENGTHS={'inputs': 16, 'targets': 8}",
                   '--gin.BATCH_SIZE=8'])
