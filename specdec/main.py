@@ -414,7 +414,6 @@ USAGE_EXIT, FAILURE_EXIT = 2, 1
 # Errors in what the user gave: each ends the command with its one line and USAGE_EXIT.
 USAGE_ERRORS = (UsageError, gin_utils.GinConfigError, run_config.ConfigError, fingerprint.ResumeRefused)
 GIN_FOLDERS = (('models', 'target/drafter networks and checkpoints'), ('tasks', 'seqio tasks and their lengths'),
-               ('decoding', 'decoding settings for gin-built models'),
                ('experiments', 'runs of this launcher (main_job.gin is the default)'),
                ('train', 'training runs (specdec.train, not this launcher)'))
 USAGE = ('usage: python -m specdec.main [--gin_file=PATH ...] [--gin.NAME=VALUE ...] [--multihost] [--debug] '

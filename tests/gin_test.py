@@ -42,7 +42,7 @@ def _clear_gin():
     ('xxl', 'small'), ('xxl', 'base'), ('xxl', 'large'), ('base', 'small')])
 def test_paper_pairs_build(target, drafter):
   model = _build(['models/speculative.gin', f'models/target_t5_1_1_{target}.gin',
-                  f'models/drafter_t5_1_1_{drafter}.gin', 'decoding/greedy.gin'])
+                  f'models/drafter_t5_1_1_{drafter}.gin'])
   assert isinstance(model, models.SpeculativeEncoderDecoderModel)
   assert model.module.config == network.t5_1_1_config(
       target, dtype='bfloat16', dropout_rate=0.0)
@@ -64,19 +64,17 @@ def _tiny_bindings(role):
 
 def test_gin_configured_decoding_is_exact():
   tiny = ['VOCAB_SIZE = 64', "ACTIVATION_DTYPE = 'float32'"]
-  spec = _build(['models/speculative.gin', 'decoding/greedy.gin'],
-                tiny + _tiny_bindings('target') + _tiny_bindings('drafter')
-                + ['GAMMA = 3'])
+  spec = _build(['models/speculative.gin'], tiny + _tiny_bindings('target') + _tiny_bindings('drafter'))
   params = spec.get_initial_params(jax.random.PRNGKey(0))
   batch = {'encoder_input_tokens': jnp.asarray(
                np.random.RandomState(0).randint(2, 64, (3, 7)), jnp.int32),
            'decoder_input_tokens': jnp.zeros((3, 10), jnp.int32)}
-  # decoder_params are empty: temperature and γ come from gin.
-  spec_out, aux = spec.compile_predict({'return_stats': True})(params, batch)
-  assert aux['stats']['accepted_at'].shape == (3, 3)  # γ = 3 from gin
-  base = _build(['models/baseline.gin', 'decoding/greedy.gin'],
-                tiny + _tiny_bindings('target'))
-  base_out, _ = base.compile_predict()({'target': params['target']}, batch)
+  # γ and temperature come from the settings object, as the launcher passes them (gin builds the networks).
+  setting = settings.Setting(gamma=3, temperature=0.0)
+  spec_out, aux = spec.compile_predict(setting.speculative_params())(params, batch)
+  assert aux['stats']['accepted_at'].shape == (3, 3)  # γ = 3
+  base = _build(['models/baseline.gin'], tiny + _tiny_bindings('target'))
+  base_out, _ = base.compile_predict(setting.decoder_params())({'target': params['target']}, batch)
   np.testing.assert_array_equal(spec_out, base_out)
 
 

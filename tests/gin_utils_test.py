@@ -88,9 +88,9 @@ class TestParse:
     assert os.path.samefile(gin_utils.REPO_GIN_DIR, REPO_GIN_DIR)
 
   def test_finds_files_under_repo_gin_dir(self):
-    gin_utils.parse(['decoding/greedy.gin'], ['GAMMA = 3'])
-    assert gin.query_parameter('%GAMMA') == 3
-    assert gin.query_parameter('decoding.temperature_sample.temperature') == 0.0
+    gin_utils.parse(['models/speculative.gin'], ['VOCAB_SIZE = 3'])
+    assert gin.query_parameter('%VOCAB_SIZE') == 3
+    assert gin.query_parameter('target/network.T5Config.dropout_rate') == 0.0
 
   def test_includes_resolve_through_the_search_path(self):
     # cpu_target.gin includes 'train/cpu_family.gin' (relative to gin/).
@@ -102,14 +102,14 @@ class TestParse:
     assert gin.query_parameter('network.T5Config.vocab_size') == 8192
 
   def test_files_as_given_take_precedence(self, tmp_path, monkeypatch):
-    local = tmp_path / 'decoding' / 'greedy.gin'
+    local = tmp_path / 'models' / 'speculative.gin'
     local.parent.mkdir()
-    local.write_text('GAMMA = 11\n')
+    local.write_text('VOCAB_SIZE = 11\n')
     monkeypatch.chdir(tmp_path)
-    gin_utils.parse(['decoding/greedy.gin'], [])
-    assert gin.query_parameter('%GAMMA') == 11
+    gin_utils.parse(['models/speculative.gin'], [])
+    assert gin.query_parameter('%VOCAB_SIZE') == 11
     with pytest.raises(ValueError):
-      gin.query_parameter('decoding.temperature_sample.temperature')
+      gin.query_parameter('target/network.T5Config.dropout_rate')
 
   def test_absolute_path(self, tmp_path):
     path = tmp_path / 'x.gin'
@@ -119,12 +119,12 @@ class TestParse:
     assert gin.query_parameter('%OTHER') == 6
 
   def test_bindings_override_files(self):
-    gin_utils.parse(['decoding/greedy.gin'], ['GAMMA = 2'])
-    assert gin.query_parameter('%GAMMA') == 2
+    gin_utils.parse(['models/speculative.gin'], ['VOCAB_SIZE = 2'])
+    assert gin.query_parameter('%VOCAB_SIZE') == 2
 
   def test_missing_file_raises(self):
     with pytest.raises(FileNotFoundError, match='no/such.gin') as e:
-      gin_utils.parse(['decoding/greedy.gin', 'no/such.gin'], [])
+      gin_utils.parse(['models/speculative.gin', 'no/such.gin'], [])
     assert REPO_GIN_DIR in str(e.value) or gin_utils.REPO_GIN_DIR in str(e.value)
 
   def test_bindings_only_macro_changes_nothing(self):
@@ -133,10 +133,10 @@ class TestParse:
 
   def test_command_line_round_trip(self):
     files, bindings, rest = gin_utils.split_gin_args(
-        ['--gin_file=decoding/greedy.gin', '--gin.GAMMA=4'])
+        ['--gin_file=models/speculative.gin', '--gin.VOCAB_SIZE=4'])
     assert rest == []
     gin_utils.parse(files, bindings)
-    assert gin.query_parameter('%GAMMA') == 4
+    assert gin.query_parameter('%VOCAB_SIZE') == 4
 
 
 class TestBindingsThatWouldChangeNothing:

@@ -155,7 +155,7 @@ class TestDryRun:
     lines = _dry_run(BASE_FLAGS + [
         f'--gin_dir={gin_dir}', '--skip_create', '--skip_install',
         f'--gin_file={gin_dir}/models/speculative.gin',
-        '--gin=decoding.speculative_sample.gamma=7',
+        '--gin=settings.Setting.gamma=7',
         "--gin=TASK='specdec_wmt_ende'",
         '--gin=NOTE="it\'s $HOME `x` \\ done"',
         '--env=TFDS_DATA_DIR=gs://bucket/tfds data'])
@@ -169,7 +169,7 @@ class TestDryRun:
          f'--gin_file={EXPERIMENT}',
          '--gin_file=models/speculative.gin',
          "--gin.OUTPUT_DIR='gs://bucket/table2/xxl_ende_small_t0'",
-         '--gin.decoding.speculative_sample.gamma=7',
+         '--gin.settings.Setting.gamma=7',
          "--gin.TASK='specdec_wmt_ende'",
          '--gin.NOTE="it\'s $HOME `x` \\ done"']]
 
