@@ -10,10 +10,15 @@ not loaded yet (about 0.1 s, and nothing where triton is absent, as with the CPU
 A process that imported TensorFlow (or seqio) before `specdec` or triton cannot be mended: `check_triton_loadable`
 turns the crash that would follow into a one-line error before torch is imported. docs/install.md gives the order
 that works for a user's own scripts.
+
+`import_tensorflow_quietly` loads TensorFlow (and seqio) without its start-up noise and off accelerators, for entry
+points that import it before anything else does.
 """
 
+import contextlib
 import importlib
 import importlib.util
+import os
 import sys
 
 TRITON_LIBRARY = 'triton._C.libtriton'
@@ -54,3 +59,46 @@ def check_triton_loadable(what: str = 'torch') -> None:
     raise RuntimeError(
         f'TensorFlow was imported before triton, and importing {what} now would crash this process (a segmentation '
         'fault as triton loads): import specdec (or triton) before seqio or tensorflow; see docs/install.md.')
+
+
+@contextlib.contextmanager
+def _stderr_to_devnull():
+  """Points file descriptor 2 at /dev/null (C++ libraries write there directly, past sys.stderr)."""
+  sys.stderr.flush()
+  saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+  os.dup2(devnull, 2)
+  try:
+    yield
+  finally:
+    os.dup2(saved, 2)
+    os.close(saved)
+    os.close(devnull)
+
+
+def import_tensorflow_quietly() -> None:
+  """Imports TensorFlow (seqio's input pipeline, the project's only use of it) kept off accelerators and quiet.
+
+  TF prints start-up noise (oneDNN banners, "failed call to cuInit", cache_dataset_ops warnings) that says nothing
+  about this project. Its C++ log level is read once, so it is raised only while TF loads and lists its devices,
+  then put back for JAX (which reads the same variable, TF_CPP_MIN_LOG_LEVEL). TF is kept off GPUs so it never
+  takes accelerator memory from JAX. SPECDEC_TF_LOGS=1 shows everything.
+  """
+  if 'tensorflow' in sys.modules or os.environ.get('SPECDEC_TF_LOGS') == '1':
+    return
+  level = os.environ.get('TF_CPP_MIN_LOG_LEVEL')
+  os.environ['TF_CPP_MIN_LOG_LEVEL'] = '3'
+  try:
+    with _stderr_to_devnull():  # the banners printed while TF's libraries load ignore the log level
+      import tensorflow as tf  # pylint: disable=g-import-not-at-top
+      # seqio loads more of TF's libraries (text ops), and each reads the level as it loads.
+      import seqio  # pylint: disable=g-import-not-at-top,unused-import
+      try:
+        tf.config.set_visible_devices([], 'GPU')
+      except RuntimeError:  # TF's devices are already initialised (TF was used before): leave them
+        pass
+  finally:
+    if level is None:
+      os.environ.pop('TF_CPP_MIN_LOG_LEVEL', None)
+    else:
+      os.environ['TF_CPP_MIN_LOG_LEVEL'] = level
+  tf.get_logger().setLevel('ERROR')  # TF's Python-side deprecation warnings

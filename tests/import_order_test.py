@@ -97,3 +97,17 @@ def test_seqio_then_hugging_face_t5_in_one_process():
       """, timeout=300)
   assert result.returncode == 0 and result.stdout.strip().endswith('ok'), (
       f'exit {result.returncode}: {result.stderr[-2000:]}')
+
+
+def test_tensorflow_imported_quietly_keeps_the_log_level_and_stays_off_accelerators():
+  result = _run("""
+      import os
+      os.environ['TF_CPP_MIN_LOG_LEVEL'] = '1'
+      from specdec import import_order
+      import_order.import_tensorflow_quietly()
+      import tensorflow as tf
+      print(os.environ.get('TF_CPP_MIN_LOG_LEVEL'), tf.config.get_visible_devices('GPU'))
+      """, timeout=300)
+  assert result.returncode == 0 and result.stdout.split() == ['1', '[]'], result.stderr[-2000:]
+  for noise in ('oneDNN', 'cuInit', 'cudart', 'absl::InitializeLog'):
+    assert noise not in result.stderr

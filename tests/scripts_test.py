@@ -48,6 +48,17 @@ def test_needed_alpha_takes_the_best_gamma_and_says_unreachable():
   assert ablate.needed_alpha({'c_in_situ': 0.9, 'a_over_t_tok': 5.0}, 2.0, 3) == (None, None)
 
 
+def test_ablate_imports_tensorflow_quietly():
+  import subprocess  # pylint: disable=g-import-not-at-top
+  script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'scripts', 'ablate.py')
+  env = {k: v for k, v in os.environ.items() if k not in ('TF_CPP_MIN_LOG_LEVEL', 'SPECDEC_TF_LOGS')}
+  done = subprocess.run([sys.executable, script, '--help'], capture_output=True, text=True, env=env, check=True,
+                        timeout=300)
+  assert 'usage:' in done.stdout
+  for noise in ('oneDNN', 'cuInit', 'cudart', 'absl::InitializeLog'):
+    assert noise not in done.stderr
+
+
 # -----------------------------------------------------------------------------
 # ablate: runs are kept or resumed only for the same configuration
 # -----------------------------------------------------------------------------
