@@ -336,7 +336,7 @@ def test_help_lists_modes_gin_folders_and_the_main_jobs_macros(capsys):
     assert text.startswith('usage: python -m specdec.main')
     for mode in main.MODES:
       assert f'  {mode} ' in text
-    for folder in ('models', 'tasks', 'decoding', 'experiments', 'train'):
+    for folder in ('models', 'tasks', 'experiments', 'train'):
       assert f'  gin/{folder}: ' in text
     values = gin_utils.macro_values([main.DEFAULT_GIN_FILE])
     for macro in ('GAMMA', 'ENDE_DRAFTER', 'SUMMARIZE_DRAFTER', 'OUTPUT_DIR', 'TARGET_CHECKPOINT', 'DRAFT_CONFIDENCE',
