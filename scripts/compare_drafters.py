@@ -39,7 +39,6 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from specdec import auto_gamma  # pylint: disable=g-import-not-at-top,wrong-import-position
-from specdec import benchmark  # pylint: disable=g-import-not-at-top,wrong-import-position
 from specdec import decoding
 from specdec import draft_vocab
 from specdec import evaluation
@@ -115,7 +114,7 @@ def compare(args) -> dict:
   families = args.models
   several = len(families) > 1
   examples = evaluation.task_examples(TASKS[args.task], 'test', LENGTHS, args.examples)
-  batches = [batch for _, batch in benchmark.make_batches(examples, LENGTHS, args.batch_size, True)]
+  batches = [batch for _, batch in evaluation.batches(examples, LENGTHS, args.batch_size, True)]
   modes = {'on': [True], 'off': [False], 'both': [False, True]}[args.shrink]
   label = lambda family, name, shrink: row_label(family if several else None, name, shrink, len(modes) > 1)
   sampling = {shrink: {'temperature': args.temperature, 'topk': 0, 'topp': 0.0, 'shrink_batch': shrink}
@@ -157,7 +156,7 @@ def compare(args) -> dict:
   rows, baselines = [], {}
   for family, _ in families:
     plain = timed[label(family, 'baseline', modes[0])]
-    base_tokens = [max(benchmark.num_tokens(row, 1) for row in np.asarray(out[0])) for out in plain['outputs']]
+    base_tokens = [max(evaluation.num_tokens(row, 1) for row in np.asarray(out[0])) for out in plain['outputs']]
     token_s = profiling.fit_fixed_and_per_step(base_tokens, plain['seconds'])['per_step_s'] if fit else None
     baselines[family] = {'seconds': sum(plain['seconds']), 'token_s': token_s}
     tag = {'family': family} if several else {}

@@ -206,7 +206,7 @@ def main(argv=None):
   examples, held = all_examples[:args.examples], all_examples[args.examples:]
   if not held:
     raise SystemExit(f'the {args.split} split has no examples past the first {args.examples} to calibrate on.')
-  batches = [batch for _, batch in benchmark.make_batches(examples, LENGTHS, 1, use_buckets=False)]
+  batches = [batch for _, batch in evaluation.batches(examples, LENGTHS, 1, use_buckets=False)]
   max_rank = max([4] + [max(b) for b, _ in args.tree_shapes.values() if b])
   print(f'calibrating on {len(held)} examples: ranks, c, the verify-cost curve', flush=True)
   calibration = evaluation.draft_rank_probabilities(target_module, target_params, drafter_module, drafter_params,

@@ -104,18 +104,18 @@ def acceptance(target, drafter, lengths, max_examples, batch_size, gamma,
       base_predict = base.compile_predict(dp)
       totals, identical, rows = {}, 0, 0
       rng = jax.random.PRNGKey(0)
-      for batch, chunk in evaluation.batches(examples, lengths, batch_size):
+      for idx, batch in evaluation.batches(examples, lengths, batch_size, use_buckets=False):
         rng, step_rng = jax.random.split(rng)
         decodes, aux = predict(params, batch, step_rng)
-        stats = jax.tree_util.tree_map(lambda x: np.asarray(x)[:len(chunk)],
+        stats = jax.tree_util.tree_map(lambda x: np.asarray(x)[:len(idx)],
                                        aux['stats'])
         for k, v in stats.items():
           totals[k] = totals.get(k, 0) + v.sum(0)
         if temperature == 0.0:
           ref, _ = base_predict(params, batch, step_rng)
-          same = np.all(np.asarray(decodes) == np.asarray(ref), axis=-1)[:len(chunk)]
+          same = np.all(np.asarray(decodes) == np.asarray(ref), axis=-1)[:len(idx)]
           identical += int(same.sum())
-        rows += len(chunk)
+        rows += len(idx)
       entry = {
           'alpha_accepted_over_judged': float(reporting.acceptance_rate(totals['accepted'], totals['judged'])),
           'alpha_sum_min_pq': float(totals['overlap_sum'] / max(totals['overlap_count'], 1)),

@@ -26,8 +26,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
 
-from specdec import benchmark  # pylint: disable=g-import-not-at-top
-from specdec import decoding
+from specdec import decoding  # pylint: disable=g-import-not-at-top
 from specdec import evaluation
 from specdec import fileio
 from specdec import loading
@@ -48,7 +47,7 @@ def profile(args) -> dict:
   task_name, lengths = TASKS[args.task]
   lengths = dict(lengths, targets=args.targets_length or lengths['targets'])
   examples = evaluation.task_examples(task_name, 'test', lengths, args.examples * args.batch_size)
-  batches = benchmark.make_batches(examples, lengths, args.batch_size, True)
+  batches = evaluation.batches(examples, lengths, args.batch_size, True)
   decoder_params = {'temperature': args.temperature, 'topk': 0, 'topp': 0.0}
   spec_params = dict(decoder_params, gamma=args.gamma, return_stats=True)
   if args.draft_confidence:
@@ -77,7 +76,7 @@ def profile(args) -> dict:
       ts.append(time.perf_counter() - start)
     stats = jax.tree_util.tree_map(np.asarray, aux['stats'])
     rows.append({'baseline_s': float(np.median(tb)), 'speculative_s': float(np.median(ts)),
-                 'tokens': int(sum(benchmark.num_tokens(np.asarray(r), 1) for r in base_out)),
+                 'tokens': int(sum(evaluation.num_tokens(np.asarray(r), 1) for r in base_out)),
                  'target_calls': int(stats['target_calls'].max()),
                  'accepted': int(stats['accepted'].sum()), 'judged': int(stats['judged'].sum()),
                  'drafted': int(stats['drafted'].sum()),

@@ -24,8 +24,7 @@ import jax
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from specdec import benchmark  # pylint: disable=g-import-not-at-top,wrong-import-position
-from specdec import decoding
+from specdec import decoding  # pylint: disable=g-import-not-at-top,wrong-import-position
 from specdec import evaluation
 from specdec import fileio
 from specdec import loading
@@ -50,13 +49,13 @@ def parse_run(text: str):
 def measure(args) -> dict:
   target_module, target_params = loading.load_module_and_params(os.path.join(args.models, 'target'))
   examples = evaluation.task_examples(TASKS[args.task], 'test', LENGTHS, args.examples)
-  batches = [batch for _, batch in benchmark.make_batches(examples, LENGTHS, 1, True)]
+  batches = [batch for _, batch in evaluation.batches(examples, LENGTHS, 1, True)]
   sampling = {'temperature': args.temperature, 'topk': 0, 'topp': 0.0}
   budgets = tuple(args.budgets)
   base = models.SpeculativeEncoderDecoderModel(target_module, None, decode_fn=decoding.temperature_sample)
   base_params = {'target': target_params}
   base_predict = profiling.budgeted_predict(base, sampling)
-  tokens_of = lambda out: max(benchmark.num_tokens(row, 1) for row in np.asarray(out[0]))
+  tokens_of = lambda out: max(evaluation.num_tokens(row, 1) for row in np.asarray(out[0]))
   rows = []
   with machine_load.CpuMeter() as meter:
     baseline = [profiling.real_step_cost(base_predict, base_params, b, budgets, tokens_of, args.repeats)

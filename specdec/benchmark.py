@@ -38,6 +38,7 @@ from specdec import auto_gamma
 from specdec import batch_shrink
 from specdec import decoding
 from specdec import drafters
+from specdec import evaluation
 from specdec import fileio
 from specdec import fingerprint
 from specdec import machine_load
@@ -50,9 +51,6 @@ from specdec import reporting
 from specdec import settings
 from specdec import sharded_decoding
 
-# Input lengths are padded up to one of these (capped at the configured length), so short inputs do not pay
-# for the longest one; each bucket is compiled once and warmed up before timing.
-LENGTH_BUCKETS = (8, 16, 32, 64, 96, 128, 192, 256, 384, 512, 1024, 2048, 4096)
 # Bump when a code change makes examples.jsonl records written before it incomparable with new ones (a resumed run
 # must not mix them). 2: batches shrink as their rows end (`batch_shrink`), so batch > 1 times changed.
 RECORDS_VERSION = 2
@@ -122,40 +120,6 @@ class Measuring:
   measure_in_loop: bool = True
 
 
-def bucket_length(length: int, max_length: int, use_buckets: bool = True) -> int:
-  """The padded input length for an input of `length` tokens."""
-  if not use_buckets:
-    return max_length
-  for b in LENGTH_BUCKETS:
-    if length <= b:
-      return min(b, max_length)
-  return max_length
-
-
-def make_batches(examples: Sequence[Mapping[str, Any]], lengths: Mapping[str, int], batch_size: int,
-                 use_buckets: bool = True) -> List[Tuple[List[int], Dict[str, np.ndarray]]]:
-  """Fixed-size batches in file order: (example indices, model batch); inputs padded to a bucket."""
-  out = []
-  for start in range(0, len(examples), batch_size):
-    idx = list(range(start, min(start + batch_size, len(examples))))
-    longest = max(min(len(examples[i]['inputs']), lengths['inputs']) for i in idx)
-    in_len = bucket_length(longest, lengths['inputs'], use_buckets)
-    enc = np.zeros((batch_size, in_len), np.int32)
-    for row, i in enumerate(idx):
-      tokens = np.asarray(examples[i]['inputs'])[:in_len]
-      enc[row, :len(tokens)] = tokens
-    out.append((idx, {'encoder_input_tokens': enc,
-                      'decoder_input_tokens': np.zeros((batch_size, lengths['targets']), np.int32)}))
-  return out
-
-
-def num_tokens(decode_l: np.ndarray, eos_id: int) -> int:
-  """Generated tokens up to and including the first EOS (the decode loops stop there)."""
-  decode_l = np.asarray(decode_l)
-  eos = np.flatnonzero(decode_l == eos_id)
-  return int(eos[0] + 1) if eos.size else int(np.count_nonzero(decode_l))
-
-
 # ----------------------------------------------------------------------------------------------------------
 # Greedy mismatches.
 # ----------------------------------------------------------------------------------------------------------
@@ -190,26 +154,6 @@ def timed(fn, *args):
   start = time.perf_counter()
   out = jax.block_until_ready(fn(*args))
   return time.perf_counter() - start, out
-
-
-def resume_records(path: str) -> Dict[int, dict]:
-  """The intact per-example records of a JSONL log, by index; the file is rewritten with just those.
-
-  A torn last line (an interrupted run) is dropped, so the caller can append the examples still to do.
-  """
-  done = {}
-  if os.path.exists(path):
-    with open(path, encoding='utf-8') as f:
-      for line in f:
-        line = line.strip()
-        if line:
-          try:
-            rec = json.loads(line)
-          except json.JSONDecodeError:
-            break  # a torn last line from an interrupted run: redo from there
-          done[rec['index']] = rec
-  fileio.write_jsonl(path, done.values())
-  return done
 
 
 def devices_label(mesh=None) -> str:
@@ -253,7 +197,7 @@ def run(models: ModelPair, data: TaskSplit, setting: settings.Setting, output: O
                                             models.drafter_name, output.provenance, measuring.mesh),
       OUTPUT_FILES, output.overwrite, output.remedy)
   examples = load_examples(data)
-  batches = make_batches(examples, data.lengths, setting.batch_size, setting.length_buckets)
+  batches = evaluation.batches(examples, data.lengths, setting.batch_size, setting.length_buckets)
   chosen = None
   others = {}  # other processes' share of the machine while each part was timed (`machine_load`)
   if settings.is_auto(setting.gamma):  # fingerprinted as 'auto'; decoded, costed and reported at the choice
@@ -316,7 +260,6 @@ def validate(models: ModelPair, setting: settings.Setting, mesh=None) -> None:
 
 def load_examples(data: TaskSplit) -> List[Dict[str, Any]]:
   """The split's examples (`evaluation.task_examples`); ValueError when there are none."""
-  from specdec import evaluation  # pylint: disable=g-import-not-at-top
   examples = evaluation.task_examples(data.task, data.split, data.lengths, data.max_examples)
   if not examples:
     raise ValueError(f'{data.task}:{data.split} gave no examples.')
@@ -424,8 +367,8 @@ def _example_record(i: int, row: int, batch_no: int, batch_rows: int, batch, exa
       'padded_input_length': int(batch['encoder_input_tokens'].shape[1]),
       # Wall time of the whole batch (per example at batch size 1).
       'baseline_s': timing.base_s, 'speculative_s': timing.spec_s, 'batch_rows': batch_rows,
-      'baseline_tokens': num_tokens(base_l, eos_id),
-      'speculative_tokens': num_tokens(spec_l, eos_id),
+      'baseline_tokens': evaluation.num_tokens(base_l, eos_id),
+      'speculative_tokens': evaluation.num_tokens(spec_l, eos_id),
       'identical': bool(np.array_equal(base_l, spec_l)),
       'target_calls': int(stats['target_calls'][row]), 'drafted': int(stats['drafted'][row]),
       'judged': int(stats['judged'][row]), 'accepted': int(stats['accepted'][row]),
@@ -452,8 +395,8 @@ def _print_progress(label: str, recs: Sequence[Mapping[str, Any]], total: int, e
 
 
 def _resume(examples_path: str, num_examples: int) -> Dict[int, dict]:
-  """The records an interrupted run left (`resume_records`), saying so when there are any."""
-  done = resume_records(examples_path)
+  """The records an interrupted run left (`evaluation.resume_records`), saying so when there are any."""
+  done = evaluation.resume_records(examples_path)
   if done:
     print(f'Resuming: {len(done)} of {num_examples} examples already measured in {examples_path}.',
           flush=True)
@@ -462,7 +405,6 @@ def _resume(examples_path: str, num_examples: int) -> Dict[int, dict]:
 
 def _quality(task, records: Sequence[Mapping[str, Any]], examples) -> Dict[str, Dict[str, float]]:
   """The task's metrics of both decoders' outputs."""
-  from specdec import evaluation  # pylint: disable=g-import-not-at-top
   return {
       'baseline': evaluation.score_predictions(task, [r['baseline_text'] for r in records], examples),
       'speculative': evaluation.score_predictions(task, [r['speculative_text'] for r in records], examples),

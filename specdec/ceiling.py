@@ -32,9 +32,9 @@ import numpy as np
 
 from specdec import auto_gamma
 from specdec import batch_shrink
-from specdec import benchmark
 from specdec import ceiling_report
 from specdec import decoding
+from specdec import evaluation
 from specdec import fileio
 from specdec import models
 from specdec import oracle
@@ -166,7 +166,7 @@ def measure(target_module, target_params, examples: Sequence[Mapping[str, Any]],
 
   for batch_size in settings.batch_sizes:
     key = str(batch_size)
-    batches = benchmark.make_batches(examples, lengths, batch_size, True)
+    batches = evaluation.batches(examples, lengths, batch_size, True)
     _, first = batches[0]
     first_decodes = np.asarray(base_predict(target_only, first)[0])
     costs = state.data['costs'].setdefault(key, {})
@@ -210,7 +210,7 @@ def measure(target_module, target_params, examples: Sequence[Mapping[str, Any]],
       timed = profiling.time_side_by_side(decoders, [batch], repeats=settings.repeats)
       record = {'index': n, 'example_ids': list(idx), 'rows': rows,
                 'baseline_s': timed['baseline']['seconds'][0],
-                'baseline_tokens': [benchmark.num_tokens(d, EOS_ID) for d in decodes[:rows]],
+                'baseline_tokens': [evaluation.num_tokens(d, EOS_ID) for d in decodes[:rows]],
                 'oracle': {}, 'shipped': {}}
       for name, entry in timed.items():
         if name == 'baseline':
@@ -314,7 +314,7 @@ def controlled_row(target_module, target_params, examples: Sequence[Mapping[str,
       else None
   if curve is None or list(curve['tokens']) != list(range(1, max_verify_tokens + 1)):
     log(f'controlled acceptance: verify-cost curve, k = 1..{max_verify_tokens} tokens a call')
-    (_, first), = benchmark.make_batches(examples[:1], lengths, 1, True)
+    (_, first), = evaluation.batches(examples[:1], lengths, 1, True)
     curve = profiling.verify_cost_curve(target_module, target_params, first['encoder_input_tokens'],
                                         lengths['targets'], max_verify_tokens, repeats=repeats)
     if curve_path:

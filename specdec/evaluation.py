@@ -1,25 +1,40 @@
-"""Decoding a seqio task split and scoring it with the task's own metrics."""
+"""Decoding a seqio task split and scoring it with the task's own metrics.
 
+The one place a split is cut into model batches (`batches`) and decoded batch by batch: `decode_split` is the
+launcher's resumable decode of a split into predictions.jsonl, `decode_and_score` a quick decode and score for
+trainers and scripts. seqio is imported where a task is read, not at the top: the benchmark and the accelerator
+check batch with this module on machines without TensorFlow or seqio.
+"""
+
+import json
+import os
 import time
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import seqio
 
 from specdec import decoding
 from specdec import drafters
 from specdec import feature_drafter
+from specdec import fileio
 from specdec import models
 from specdec import network
+from specdec import partitioning
+from specdec import reporting
+from specdec import sharded_decoding
 
 PredictFn = Callable[..., Tuple[Any, Mapping[str, Any]]]
+# Input lengths are padded up to one of these (capped at the configured length), so short inputs do not pay
+# for the longest one; each bucket is compiled once.
+LENGTH_BUCKETS = (8, 16, 32, 64, 96, 128, 192, 256, 384, 512, 1024, 2048, 4096)
 
 
 def task_examples(task_name: str, split: str, feature_lengths: Mapping[str, int],
                   max_examples: Optional[int] = None) -> List[Dict[str, Any]]:
   """Up to `max_examples` tokenized examples (in file order) with their texts."""
+  import seqio  # pylint: disable=g-import-not-at-top
   task = seqio.get_mixture_or_task(task_name)
   # No in-memory cache: the list is read once, and seqio's size check for it
   # needs prepared TFDS metadata (which tfds.testing.mock_data lacks).
@@ -30,23 +45,129 @@ def task_examples(task_name: str, split: str, feature_lengths: Mapping[str, int]
   return list(ds.as_numpy_iterator())
 
 
-def batches(examples: List[Mapping[str, Any]], feature_lengths: Mapping[str, int],
-            batch_size: int) -> Iterator[Tuple[Dict[str, np.ndarray], List[Mapping]]]:
-  """Model batches (encoder_input_tokens, zero decoder prompts) of fixed shape.
+def bucket_length(length: int, max_length: int, use_buckets: bool = True) -> int:
+  """The padded input length for an input of `length` tokens."""
+  if not use_buckets:
+    return max_length
+  for b in LENGTH_BUCKETS:
+    if length <= b:
+      return min(b, max_length)
+  return max_length
 
-  The last batch is padded with empty rows (all-zero inputs), so every batch
-  has the same shape and one compilation serves the whole split.
+
+def batches(examples: Sequence[Mapping[str, Any]], feature_lengths: Mapping[str, int], batch_size: int,
+            use_buckets: bool) -> List[Tuple[List[int], Dict[str, np.ndarray]]]:
+  """Fixed-size model batches in file order: (example indices, batch of encoder_input_tokens and zero decoder
+  prompts).
+
+  The last batch is padded with empty rows (all-zero inputs), so every batch has batch_size rows. Inputs are cut
+  at feature_lengths['inputs'] and padded to it, or with `use_buckets` to the bucket of the batch's longest input
+  (`bucket_length`): one compilation per bucket instead of one for the whole split.
   """
-  in_len, out_len = feature_lengths['inputs'], feature_lengths['targets']
+  out = []
   for start in range(0, len(examples), batch_size):
-    chunk = examples[start:start + batch_size]
+    idx = list(range(start, min(start + batch_size, len(examples))))
+    longest = max(min(len(examples[i]['inputs']), feature_lengths['inputs']) for i in idx)
+    in_len = bucket_length(longest, feature_lengths['inputs'], use_buckets)
     enc = np.zeros((batch_size, in_len), np.int32)
-    for row, ex in enumerate(chunk):
-      tokens = np.asarray(ex['inputs'])[:in_len]
+    for row, i in enumerate(idx):
+      tokens = np.asarray(examples[i]['inputs'])[:in_len]
       enc[row, :len(tokens)] = tokens
-    yield ({'encoder_input_tokens': enc,
-            'decoder_input_tokens': np.zeros((batch_size, out_len), np.int32)},
-           chunk)
+    out.append((idx, {'encoder_input_tokens': enc,
+                      'decoder_input_tokens': np.zeros((batch_size, feature_lengths['targets']), np.int32)}))
+  return out
+
+
+def num_tokens(decode_l: np.ndarray, eos_id: int) -> int:
+  """Generated tokens up to and including the first EOS (the decode loops stop there)."""
+  decode_l = np.asarray(decode_l)
+  eos = np.flatnonzero(decode_l == eos_id)
+  return int(eos[0] + 1) if eos.size else int(np.count_nonzero(decode_l))
+
+
+def resume_records(path: str) -> Dict[int, dict]:
+  """The intact per-example records of a JSONL log, by index; the file is rewritten with just those.
+
+  A torn last line (an interrupted run) is dropped, so the caller can append the examples still to do.
+  """
+  done = {}
+  if os.path.exists(path):
+    with open(path, encoding='utf-8') as f:
+      for line in f:
+        line = line.strip()
+        if line:
+          try:
+            rec = json.loads(line)
+          except json.JSONDecodeError:
+            break  # a torn last line from an interrupted run: redo from there
+          done[rec['index']] = rec
+  fileio.write_jsonl(path, done.values())
+  return done
+
+
+def decode_split(model, params, task_name: str, split: str, feature_lengths: Mapping[str, int], setting,
+                 output_dir: str, max_examples: Optional[int], log_every: int = 8, mesh=None):
+  """Decodes a split with `model` (a `models.SpeculativeEncoderDecoderModel`) at `setting` (a
+  `settings.Setting`), appending output_dir/predictions.jsonl as batches finish; a rerun resumes from the records
+  there (`resume_records`). With a mesh, decodes sharded (`sharded_decoding.compile_predict_sharded`).
+
+  Batch b is decoded with the key PRNGKey(setting.seed + b), so a resumed run draws what an uninterrupted one
+  would. Returns (the seqio task, its examples, the records in example order).
+  """
+  import seqio  # pylint: disable=g-import-not-at-top
+  task = seqio.get_mixture_or_task(task_name)
+  vocab = task.output_features['targets'].vocabulary
+  examples = task_examples(task_name, split, feature_lengths, max_examples)
+  speculative = model.drafter_module is not None
+  decoder_params = setting.decoder_params()
+  if speculative:
+    decoder_params = setting.speculative_params()
+  if mesh is None:
+    predict = model.compile_predict(decoder_params)
+  else:
+    predict = sharded_decoding.compile_predict_sharded(model, mesh, decoder_params=decoder_params)
+    params = predict.shard_params(params)
+  path = os.path.join(output_dir, 'predictions.jsonl')
+  done = resume_records(path)
+  if done:
+    print(f'Resuming: {len(done)} of {len(examples)} examples already decoded in {path}.', flush=True)
+  start, decoded, tokens = time.perf_counter(), 0, 0
+  with open(path, 'a', encoding='utf-8') as out:
+    for batch_no, (idx, batch) in enumerate(batches(examples, feature_lengths, setting.batch_size,
+                                                    setting.length_buckets)):
+      if all(i in done for i in idx):
+        continue
+      decodes, aux = predict(params, batch, jax.random.PRNGKey(setting.seed + batch_no))
+      decodes, stats = partitioning.to_host((decodes, aux.get('stats', {})))
+      for row, i in enumerate(idx):
+        rec = {'index': i, 'inputs': examples[i]['inputs_pretokenized'].decode('utf-8'),
+               'reference': examples[i]['targets_pretokenized'].decode('utf-8'),
+               'prediction': vocab.decode(decodes[row].tolist()),
+               'tokens': num_tokens(decodes[row], model.eos_id)}
+        rec.update({k: np.asarray(v[row]).tolist() for k, v in stats.items()})
+        out.write(json.dumps(rec, ensure_ascii=False) + '\n')
+        done[i] = rec
+        tokens += rec['tokens']
+      out.flush()
+      decoded += len(idx)
+      if decoded % log_every < len(idx) or len(done) == len(examples):
+        elapsed = time.perf_counter() - start
+        print(f'  [{task_name}] {len(done)}/{len(examples)} examples, {tokens / elapsed:.0f} tokens/s, '
+              f'ETA {(len(examples) - len(done)) * elapsed / decoded / 60:.1f} min', flush=True)
+  records = [done[i] for i in sorted(done)]
+  return task, examples, records
+
+
+def decode_statistics(records: Sequence[Mapping[str, Any]]) -> Dict[str, float]:
+  """`decode_split`'s records summed: examples, tokens and, for a speculative decode, α (accepted / judged and
+  the overlap form) and tokens per target call."""
+  if not records or 'target_calls' not in records[0]:
+    return {'examples': len(records), 'tokens': int(sum(r['tokens'] for r in records))}
+  tot = lambda k: float(sum(r[k] for r in records))
+  return {'examples': len(records), 'tokens': int(tot('tokens')),
+          'alpha_accept': reporting.acceptance_rate(tot('accepted'), tot('judged')),
+          'alpha_overlap': tot('overlap_sum') / max(tot('overlap_count'), 1),
+          'tokens_per_target_call': tot('emitted') / max(tot('target_calls'), 1)}
 
 
 def score_predictions(task, predictions: List[str], examples: List[Mapping[str, Any]]) -> Dict[str, float]:
@@ -69,15 +190,17 @@ def decode_and_score(predict: PredictFn, params: Any, task_name: str, split: str
   Returns {'metrics': {...}, 'predictions': [...], 'targets': [...],
   'seconds': decode wall time}.
   """
+  import seqio  # pylint: disable=g-import-not-at-top
   task = seqio.get_mixture_or_task(task_name)
   vocab = task.output_features['targets'].vocabulary
   examples = task_examples(task_name, split, feature_lengths, max_examples)
   texts = []
   start = time.perf_counter()
-  for batch, chunk in batches(examples, feature_lengths, batch_size):
+  # Unbucketed: one shape, one compilation for the whole split.
+  for idx, batch in batches(examples, feature_lengths, batch_size, use_buckets=False):
     decodes, _ = predict(params, batch, rng)
     decodes = np.asarray(decodes)
-    texts.extend(vocab.decode(decodes[row].tolist()) for row in range(len(chunk)))
+    texts.extend(vocab.decode(decodes[row].tolist()) for row in range(len(idx)))
   seconds = time.perf_counter() - start
   predictions = [task.postprocess_fn(p, example=ex, is_target=False) for p, ex in zip(texts, examples)]
   targets = [task.postprocess_fn(ex['targets_pretokenized'].decode('utf-8'), example=ex, is_target=True)
@@ -94,12 +217,12 @@ def _greedy_decodes(module, params, examples: List[Mapping[str, Any]], feature_l
   the token ids, marks what a teacher-forced pass scores: a generated id 0 is a real token."""
   baseline = models.SpeculativeEncoderDecoderModel(module, None, decode_fn=decoding.temperature_sample)
   predict = baseline.compile_predict({'temperature': 0.0})
-  for batch, chunk in batches(examples, feature_lengths, batch_size):
+  for idx, batch in batches(examples, feature_lengths, batch_size, use_buckets=False):
     decodes_bl = np.asarray(predict({'target': params}, batch)[0])
     lengths_b = np.asarray([int(np.flatnonzero(row == eos_id)[0]) + 1 if np.any(row == eos_id) else len(row)
                             for row in decodes_bl])
     valid_bl = (np.arange(decodes_bl.shape[1])[None] < lengths_b[:, None]).astype(np.int32)
-    yield batch, chunk, decodes_bl, lengths_b, valid_bl
+    yield batch, [examples[i] for i in idx], decodes_bl, lengths_b, valid_bl
 
 
 def target_confidence(module, params, examples: List[Mapping[str, Any]], feature_lengths: Mapping[str, int],
@@ -218,10 +341,10 @@ def token_loss(module, params, examples: List[Mapping[str, Any]], feature_length
     return jnp.sum(jnp.where(mask_bl, nll_bl, 0.0)), jnp.sum(mask_bl)
 
   total, count = 0.0, 0
-  for batch, chunk in batches(examples, feature_lengths, batch_size):
+  for idx, batch in batches(examples, feature_lengths, batch_size, use_buckets=False):
     targets_bl = np.zeros((batch_size, out_len), np.int32)
-    for row, ex in enumerate(chunk):
-      tokens = np.asarray(ex['targets'])[:out_len]
+    for row, i in enumerate(idx):
+      tokens = np.asarray(examples[i]['targets'])[:out_len]
       targets_bl[row, :len(tokens)] = tokens
     s, c = summed(params, batch['encoder_input_tokens'], targets_bl)
     total, count = total + float(s), count + int(c)

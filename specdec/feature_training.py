@@ -192,10 +192,10 @@ class FeatureHeadTrainer(train.Trainer):
       examples = evaluation.task_examples(task_name, 'validation', lengths,
                                           config.feature_head.eval_examples)
       batches = []
-      for batch, chunk in evaluation.batches(examples, lengths, batch_size):
+      for idx, batch in evaluation.batches(examples, lengths, batch_size, use_buckets=False):
         decodes, _ = predict({'target': self.target_params_host}, batch)
         decodes = np.array(decodes)
-        decodes[len(chunk):] = 0  # padding rows carry no weight
+        decodes[len(idx):] = 0  # padding rows carry no weight
         batches.append(teacher_forced_batch(batch['encoder_input_tokens'], decodes))
       self.eval_sets[task_name] = batches
     self.eval_step = jax.jit(lambda hp, tp, b: self._loss(hp, tp, b))

@@ -16,7 +16,7 @@ for tables, rows. `run_config.RunConfig.num_partitions` shards params, caches an
 mesh.
 
 Modes (`run_config.RunConfig.mode`):
-- 'infer': decode a task split, write predictions.jsonl (resumable) and decode statistics;
+- 'infer': decode a task split (`evaluation.decode_split`), write predictions.jsonl (resumable) and decode statistics;
 - 'eval': 'infer' plus the task's seqio metrics (metrics.json);
 - 'benchmark': `specdec.benchmark.run` (baseline vs speculative in one run, see that module);
 - 'table': several benchmark rows (`rows`), one subdirectory each, then a table beside the paper's numbers.
@@ -40,12 +40,10 @@ import os
 import shutil
 import sys
 import tempfile
-import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import gin
 import jax
-import numpy as np
 
 from specdec import import_order  # pylint: disable=g-bad-import-order
 
@@ -65,7 +63,6 @@ from specdec import partitioning
 from specdec import reporting
 from specdec import run_config
 from specdec import settings
-from specdec import sharded_decoding
 from specdec import tables
 from specdec import tasks
 
@@ -144,63 +141,6 @@ def _remote_output_dir(output_dir: str):
   finally:
     if jax.process_index() == 0:
       _copy_tree(local, output_dir)
-
-
-def _decode_split(model, params, task_name, split, lengths, setting, output_dir, max_examples, log_every=8,
-                  mesh=None):
-  """Decodes a split with `model`, appending predictions.jsonl as batches finish (resumable)."""
-  import seqio  # pylint: disable=g-import-not-at-top
-  task = seqio.get_mixture_or_task(task_name)
-  vocab = task.output_features['targets'].vocabulary
-  examples = evaluation.task_examples(task_name, split, lengths, max_examples)
-  speculative = model.drafter_module is not None
-  decoder_params = setting.decoder_params()
-  if speculative:
-    decoder_params = setting.speculative_params()
-  if mesh is None:
-    predict = model.compile_predict(decoder_params)
-  else:
-    predict = sharded_decoding.compile_predict_sharded(model, mesh, decoder_params=decoder_params)
-    params = predict.shard_params(params)
-  path = os.path.join(output_dir, 'predictions.jsonl')
-  done = benchmark.resume_records(path)
-  if done:
-    print(f'Resuming: {len(done)} of {len(examples)} examples already decoded in {path}.', flush=True)
-  start, decoded, tokens = time.perf_counter(), 0, 0
-  batches = benchmark.make_batches(examples, lengths, setting.batch_size, setting.length_buckets)
-  with open(path, 'a', encoding='utf-8') as out:
-    for batch_no, (idx, batch) in enumerate(batches):
-      if all(i in done for i in idx):
-        continue
-      decodes, aux = predict(params, batch, jax.random.PRNGKey(setting.seed + batch_no))
-      decodes, stats = partitioning.to_host((decodes, aux.get('stats', {})))
-      for row, i in enumerate(idx):
-        rec = {'index': i, 'inputs': examples[i]['inputs_pretokenized'].decode('utf-8'),
-               'reference': examples[i]['targets_pretokenized'].decode('utf-8'),
-               'prediction': vocab.decode(decodes[row].tolist()),
-               'tokens': benchmark.num_tokens(decodes[row], model.eos_id)}
-        rec.update({k: np.asarray(v[row]).tolist() for k, v in stats.items()})
-        out.write(json.dumps(rec, ensure_ascii=False) + '\n')
-        done[i] = rec
-        tokens += rec['tokens']
-      out.flush()
-      decoded += len(idx)
-      if decoded % log_every < len(idx) or len(done) == len(examples):
-        elapsed = time.perf_counter() - start
-        print(f'  [{task_name}] {len(done)}/{len(examples)} examples, {tokens / elapsed:.0f} tokens/s, '
-              f'ETA {(len(examples) - len(done)) * elapsed / decoded / 60:.1f} min', flush=True)
-  records = [done[i] for i in sorted(done)]
-  return task, examples, records
-
-
-def _decode_statistics(records) -> Dict[str, float]:
-  if not records or 'target_calls' not in records[0]:
-    return {'examples': len(records), 'tokens': int(sum(r['tokens'] for r in records))}
-  tot = lambda k: float(sum(r[k] for r in records))
-  return {'examples': len(records), 'tokens': int(tot('tokens')),
-          'alpha_accept': reporting.acceptance_rate(tot('accepted'), tot('judged')),
-          'alpha_overlap': tot('overlap_sum') / max(tot('overlap_count'), 1),
-          'tokens_per_target_call': tot('emitted') / max(tot('target_calls'), 1)}
 
 
 def run(config: run_config.RunConfig = gin.REQUIRED) -> Dict[str, Any]:
@@ -391,10 +331,10 @@ def _execute(config: run_config.RunConfig, output_dir: str, plans: Sequence[Outp
   params = {'target': target_params}
   if drafter_module is not None:
     params['drafter'] = drafter_params
-  task_obj, examples, records = _decode_split(model, params, data.task, data.split, data.lengths, setting,
-                                              output_dir, data.max_examples, mesh=mesh)
+  task_obj, examples, records = evaluation.decode_split(model, params, data.task, data.split, data.lengths,
+                                                       setting, output_dir, data.max_examples, mesh=mesh)
   summary = {'task': data.task, 'split': data.split, 'drafter': plan.drafter_name,
-             'setting': dataclasses.asdict(setting), 'statistics': _decode_statistics(records)}
+             'setting': dataclasses.asdict(setting), 'statistics': evaluation.decode_statistics(records)}
   if config.mode == 'eval':
     summary['metrics'] = evaluation.score_predictions(
         task_obj, [r['prediction'] for r in records], examples)

@@ -51,6 +51,7 @@ import numpy as np
 
 from specdec import benchmark
 from specdec import decoding
+from specdec import evaluation
 from specdec import fileio
 from specdec import hf_export
 from specdec import import_order
@@ -202,7 +203,7 @@ def _hf_system(torch, target, drafter, counters, setting: Optional[AssistantSett
       out = target.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), **kwargs, **extra)
     seconds = time.perf_counter() - start
     decode = hf_decode_row(out[0].numpy(), max_new_tokens)
-    tokens = benchmark.num_tokens(decode, hf_export.EOS_ID)
+    tokens = evaluation.num_tokens(decode, hf_export.EOS_ID)
     calls = target_counter.calls
     drafted = target_counter.tokens - calls if setting is not None else 0
     return seconds, {'decode': decode.tolist(), 'tokens': tokens, 'target_calls': calls,
@@ -237,7 +238,7 @@ def _ours_system(name: str, predict, params, batches, temperature: float, seed: 
     decodes, aux = jax.block_until_ready(predict(params, batches[i], rng))
     seconds = time.perf_counter() - start
     decode = np.asarray(decodes[0])
-    result = {'decode': decode.tolist(), 'tokens': benchmark.num_tokens(decode, eos_id)}
+    result = {'decode': decode.tolist(), 'tokens': evaluation.num_tokens(decode, eos_id)}
     if 'stats' in aux:
       stats = jax.device_get(aux['stats'])
       result.update({k: int(stats[k][0]) for k in ('target_calls', 'drafted', 'judged', 'emitted')})
@@ -325,7 +326,7 @@ class PeerSetting:
   hf_settings: names from ASSISTANT_SETTINGS.
   draft_confidence: our adaptive-drafting row's cut-off (0: no adaptive row).
   repeats: timed runs per example and system (median kept).
-  length_buckets: pad our inputs to a bucket (benchmark.bucket_length); HF takes them unpadded.
+  length_buckets: pad our inputs to a bucket (`evaluation.bucket_length`); HF takes them unpadded.
   ours_batch_size: > 1 adds our baseline and speculative decoding at this batch size (HF's assisted generation
     is batch 1 only: compare with its batch-1 rows, i.e. HF at batch 1 × B).
   torch_threads: PyTorch's intra-op threads (None: os.cpu_count(), as many as XLA's CPU client uses); restored
@@ -467,7 +468,7 @@ def _load_frameworks(torch, transformers, target_dir: str, drafter_dir: str, hf_
     raise ValueError(f'Vocabulary mismatch: target vocab_size={target_module.config.vocab_size}, '
                      f'drafter vocab_size={drafter_module.config.vocab_size}.')
   counters = (CallCounter(hf_target), CallCounter(hf_drafter))
-  batches = [b for _, b in benchmark.make_batches(examples, data.lengths, 1, length_buckets)]
+  batches = [b for _, b in evaluation.batches(examples, data.lengths, 1, length_buckets)]
   return _Frameworks(torch, hf_target, hf_drafter, counters,
                     benchmark.ModelPair(target_module, target_params, drafter_module, drafter_params),
                     ours_models(target_module, drafter_module, vocab), batches, int(vocab.eos_id))
@@ -575,7 +576,7 @@ def time_ours_batched(decoders, params, examples, lengths, gamma, temperatures, 
   `decoders` is `ours_models(...)`; each batch runs once untimed (compile / warm-up), then once timed.
   """
   rows = []
-  batches = benchmark.make_batches(examples, lengths, batch_size, length_buckets)
+  batches = evaluation.batches(examples, lengths, batch_size, length_buckets)
   for temperature in temperatures:
     setting = settings.Setting(gamma=gamma, temperature=temperature, topk=0, seed=seed)
     base_predict = decoders[0].compile_predict(setting.decoder_params())
@@ -590,7 +591,7 @@ def time_ours_batched(decoders, params, examples, lengths, gamma, temperatures, 
         decodes, _ = jax.block_until_ready(predict(these_params, batch, rng))
         seconds += time.perf_counter() - begin
         decodes = np.asarray(decodes)
-        tokens += sum(benchmark.num_tokens(decodes[row], eos_id) for row in range(len(idx)))
+        tokens += sum(evaluation.num_tokens(decodes[row], eos_id) for row in range(len(idx)))
       rows.append({'framework': OURS, 'system': f'{name}@batch{batch_size}', 'temperature': temperature,
                    'batch_size': batch_size, 'seconds': seconds, 'tokens': tokens,
                    'tokens_per_s': tokens / seconds})

@@ -105,56 +105,122 @@ class TestTaskExamples:
 
 
 # -----------------------------------------------------------------------------
-# batches
+# bucket_length, batches, num_tokens
 # -----------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize('length, max_length, expected', [
+    (1, 96, 8), (8, 96, 8), (9, 96, 16), (17, 96, 32), (33, 96, 64), (65, 96, 96), (96, 96, 96),
+    (20, 16, 16),  # the bucket (32) is capped at the configured length
+    (97, 128, 128), (129, 512, 192), (5000, 8192, 8192),  # past the last bucket: the configured length
+])
+def test_bucket_length(length, max_length, expected):
+  assert evaluation.bucket_length(length, max_length) == expected
+
+
+def test_bucket_length_without_buckets_is_the_configured_length():
+  assert evaluation.bucket_length(3, 96, use_buckets=False) == 96
+  assert evaluation.bucket_length(96, 96, use_buckets=False) == 96
+
+
 def _fake_examples(lengths):
-  return [{'inputs': np.arange(2, 2 + n, dtype=np.int32), 'id': i}
+  return [{'inputs': np.arange(2, 2 + n, dtype=np.int32) + 10 * i, 'id': i}
           for i, n in enumerate(lengths)]
 
 
 class TestBatches:
 
-  def test_pads_last_batch_with_empty_rows(self):
-    examples = _fake_examples([3, 5, 1, 4, 2])
-    out = list(evaluation.batches(examples, {'inputs': 6, 'targets': 4}, 2))
-    assert len(out) == 3
-    for batch, chunk in out:
+  def test_groups_pads_and_buckets(self):
+    examples = _fake_examples([3, 12, 5, 40, 7])
+    batches = evaluation.batches(examples, {'inputs': 32, 'targets': 6}, 2, use_buckets=True)
+    assert [idx for idx, _ in batches] == [[0, 1], [2, 3], [4]]
+    # Padded to the bucket of the longest input of each batch: 12 -> 16; 40 -> 64 capped at 32; 7 -> 8.
+    assert [b['encoder_input_tokens'].shape for _, b in batches] == [(2, 16), (2, 32), (2, 8)]
+    for idx, batch in batches:
       assert set(batch) == {'encoder_input_tokens', 'decoder_input_tokens'}
+      assert batch['encoder_input_tokens'].dtype == np.int32
+      np.testing.assert_array_equal(batch['decoder_input_tokens'], np.zeros((2, 6), np.int32))
+      enc = batch['encoder_input_tokens']
+      for row, i in enumerate(idx):
+        tokens = examples[i]['inputs'][:enc.shape[1]]
+        np.testing.assert_array_equal(enc[row, :len(tokens)], tokens)
+        assert not enc[row, len(tokens):].any()  # zero padding
+    # The long input is cut at the configured length.
+    np.testing.assert_array_equal(batches[1][1]['encoder_input_tokens'][1], examples[3]['inputs'][:32])
+    # The last, partial batch keeps the batch shape: its missing row is all zeros.
+    assert not batches[2][1]['encoder_input_tokens'][1].any()
+
+  def test_without_buckets_and_batch_one(self):
+    batches = evaluation.batches(_fake_examples([3, 12, 5]), {'inputs': 20, 'targets': 4}, 1, use_buckets=False)
+    assert [idx for idx, _ in batches] == [[0], [1], [2]]
+    assert all(b['encoder_input_tokens'].shape == (1, 20) for _, b in batches)
+    assert all(b['decoder_input_tokens'].shape == (1, 4) for _, b in batches)
+
+  def test_unbucketed_pads_last_batch_with_empty_rows(self):
+    out = evaluation.batches(_fake_examples([3, 5, 1, 4, 2]), {'inputs': 6, 'targets': 4}, 2, use_buckets=False)
+    assert len(out) == 3
+    for _, batch in out:
       assert batch['encoder_input_tokens'].shape == (2, 6)
       assert batch['decoder_input_tokens'].shape == (2, 4)
-      assert batch['encoder_input_tokens'].dtype == np.int32
       assert batch['decoder_input_tokens'].dtype == np.int32
       assert not batch['decoder_input_tokens'].any()
-    assert [[ex['id'] for ex in chunk] for _, chunk in out] == [[0, 1], [2, 3], [4]]
-    last = out[-1][0]['encoder_input_tokens']
-    np.testing.assert_array_equal(last[0], [2, 3, 0, 0, 0, 0])
+    assert [idx for idx, _ in out] == [[0, 1], [2, 3], [4]]
+    last = out[-1][1]['encoder_input_tokens']
+    np.testing.assert_array_equal(last[0], [42, 43, 0, 0, 0, 0])
     np.testing.assert_array_equal(last[1], np.zeros(6))
 
   def test_rows_are_left_aligned_and_zero_padded(self):
-    examples = _fake_examples([3, 6])
-    (batch, chunk), = evaluation.batches(examples, {'inputs': 6, 'targets': 2}, 4)
+    (idx, batch), = evaluation.batches(_fake_examples([3, 6]), {'inputs': 6, 'targets': 2}, 4, use_buckets=False)
     enc = batch['encoder_input_tokens']
     assert enc.shape == (4, 6)
     np.testing.assert_array_equal(enc[0], [2, 3, 4, 0, 0, 0])
-    np.testing.assert_array_equal(enc[1], [2, 3, 4, 5, 6, 7])
+    np.testing.assert_array_equal(enc[1], [12, 13, 14, 15, 16, 17])
     assert not enc[2:].any()
-    assert len(chunk) == 2
+    assert idx == [0, 1]
 
   def test_long_inputs_are_cut(self):
-    examples = _fake_examples([9])
-    (batch, _), = evaluation.batches(examples, {'inputs': 4, 'targets': 2}, 1)
+    (_, batch), = evaluation.batches(_fake_examples([9]), {'inputs': 4, 'targets': 2}, 1, use_buckets=False)
     np.testing.assert_array_equal(batch['encoder_input_tokens'], [[2, 3, 4, 5]])
 
   def test_exact_multiple_has_no_padding_batch(self):
-    out = list(evaluation.batches(_fake_examples([1, 2, 3, 4]),
-                                  {'inputs': 4, 'targets': 2}, 2))
-    assert len(out) == 2
-    assert all(len(chunk) == 2 for _, chunk in out)
+    out = evaluation.batches(_fake_examples([1, 2, 3, 4]), {'inputs': 4, 'targets': 2}, 2, use_buckets=False)
+    assert [idx for idx, _ in out] == [[0, 1], [2, 3]]
 
   def test_no_examples(self):
-    assert list(evaluation.batches([], {'inputs': 4, 'targets': 2}, 2)) == []
+    assert evaluation.batches([], {'inputs': 4, 'targets': 2}, 2, use_buckets=True) == []
+
+
+@pytest.mark.parametrize('decode, expected', [
+    ([5, 6, EOS, 0, 0], 3),    # up to and including EOS
+    ([EOS, 0, 0, 0], 1),       # EOS first
+    ([4, EOS, 5, EOS], 2),     # the first EOS counts
+    ([5, 6, 7], 3),            # no EOS: every token of a full-length decode
+    ([5, 6, 0, 0], 2),         # no EOS: the nonzero tokens
+])
+def test_num_tokens(decode, expected):
+  assert evaluation.num_tokens(np.asarray(decode), EOS) == expected
+
+
+def test_num_tokens_other_eos_id():
+  assert evaluation.num_tokens(np.asarray([3, 9, 9, 4]), eos_id=9) == 2
+
+
+def test_resume_records_keeps_intact_records_and_drops_a_torn_last_line(tmp_path):
+  path = tmp_path / 'predictions.jsonl'
+  assert evaluation.resume_records(str(path)) == {}
+  path.write_text('{"index": 0, "x": 1}\n{"index": 2, "x": 3}\n{"index": 1, "x"')
+  assert evaluation.resume_records(str(path)) == {0: {'index': 0, 'x': 1}, 2: {'index': 2, 'x': 3}}
+  assert [json.loads(line)['index'] for line in path.read_text().splitlines()] == [0, 2]
+
+
+def test_decode_statistics():
+  assert evaluation.decode_statistics([{'tokens': 3}, {'tokens': 4}]) == {'examples': 2, 'tokens': 7}
+  spec = [{'tokens': 4, 'accepted': 3, 'judged': 4, 'overlap_sum': 3.0, 'overlap_count': 4, 'emitted': 4,
+           'target_calls': 2}] * 2
+  stats = evaluation.decode_statistics(spec)
+  assert stats['examples'] == 2 and stats['tokens'] == 8
+  assert stats['alpha_accept'] == pytest.approx(0.75) and stats['alpha_overlap'] == pytest.approx(0.75)
+  assert stats['tokens_per_target_call'] == pytest.approx(2.0)
 
 
 # -----------------------------------------------------------------------------

@@ -113,9 +113,9 @@ def _one_device_greedy(checkpoint, examples):
   predict = model.compile_predict({'temperature': 0.0})
   vocab = seqio.get_mixture_or_task(TASK).output_features['targets'].vocabulary
   texts = []
-  for batch, chunk in evaluation.batches(examples, LENGTHS, 4):
+  for idx, batch in evaluation.batches(examples, LENGTHS, 4, use_buckets=False):
     decodes = np.asarray(predict({'target': params}, batch)[0])
-    texts += [vocab.decode(decodes[row].tolist()) for row in range(len(chunk))]
+    texts += [vocab.decode(decodes[row].tolist()) for row in range(len(idx))]
   return texts
 
 
