@@ -8,11 +8,13 @@ garbage (low scores).
 import json
 import os
 
+import jax
 import numpy as np
 import pytest
 
 from specdec import corpora
 from specdec import evaluation
+from specdec import settings
 from specdec import tasks
 
 TESTDATA = os.path.join(os.path.dirname(__file__), 'testdata', 'tasks')
@@ -221,6 +223,52 @@ def test_decode_statistics():
   assert stats['examples'] == 2 and stats['tokens'] == 8
   assert stats['alpha_accept'] == pytest.approx(0.75) and stats['alpha_overlap'] == pytest.approx(0.75)
   assert stats['tokens_per_target_call'] == pytest.approx(2.0)
+
+
+# -----------------------------------------------------------------------------
+# decode_split
+# -----------------------------------------------------------------------------
+
+
+class _FakeModel:
+  """A baseline model whose decode of every row is [7, EOS, 0, ...]; records the key of each call."""
+  drafter_module = None
+  eos_id = EOS
+
+  def __init__(self):
+    self.keys = []
+
+  def compile_predict(self, decoder_params):
+    del decoder_params
+
+    def predict(params, batch, rng):
+      del params
+      self.keys.append(np.asarray(jax.random.key_data(rng)).tolist())
+      decodes = np.zeros_like(batch['decoder_input_tokens'])
+      decodes[:, :2] = [7, EOS]
+      return decodes, {}
+    return predict
+
+
+def test_decode_split_writes_records_and_resumes_a_torn_log(tmp_path):
+  setting = settings.Setting(batch_size=2, seed=5)
+  model = _FakeModel()
+  task, examples, records = evaluation.decode_split(model, {}, tasks.ENDE_LOCAL_TASK, 'test', LENGTHS, setting,
+                                                    str(tmp_path), max_examples=3)
+  assert task.name == tasks.ENDE_LOCAL_TASK and len(examples) == 3
+  assert [r['index'] for r in records] == [0, 1, 2]
+  assert all(r['tokens'] == 2 for r in records)
+  assert [r['reference'] for r in records] == [ex['targets_pretokenized'].decode() for ex in examples]
+  keys = [np.asarray(jax.random.key_data(jax.random.PRNGKey(5 + b))).tolist() for b in range(2)]
+  assert model.keys == keys  # batch b decodes with PRNGKey(seed + b)
+  path = tmp_path / 'predictions.jsonl'
+  lines = path.read_text().splitlines(keepends=True)
+  path.write_text(''.join(lines[:2]) + lines[2][:10])  # killed while writing example 2's record (batch 1)
+  again = _FakeModel()
+  _, _, resumed = evaluation.decode_split(again, {}, tasks.ENDE_LOCAL_TASK, 'test', LENGTHS, setting,
+                                          str(tmp_path), max_examples=3)
+  assert again.keys == keys[1:]  # batch 0 was whole; batch 1 is redone with its own key
+  assert resumed == records
 
 
 # -----------------------------------------------------------------------------
