@@ -6,7 +6,7 @@ docs/cloud_tpu.md launches two kinds of run; each is read here through the code 
   `main.parse_command_line`, the config `main.run` would get (`main.configured_run_config`), checked by
   `run_config.check` and planned by `main.output_plans`; its baseline and speculative predictors are
   `benchmark.sharded_decoders`, lowered by `ShardedPredictor.lower_shapes` for ShapeDtypeStructs of the
-  params in the run's dtype and the largest batch the run makes (`benchmark.make_batches`: batch_size rows,
+  params in the run's dtype and the largest batch the run makes (`evaluation.batches`: batch_size rows,
   the longest input bucket, all target positions);
 * a fine-tune (`python -m specdec.train --gin_file=train/table2/<run>.gin`): `train.parse_config`, the state
   laid out by `train.lay_out` (Adafactor's factored moments included) and the step `train.jit_train_step`
@@ -68,7 +68,7 @@ def _rng_shape() -> jax.ShapeDtypeStruct:
 
 
 def decode_batch_shapes(batch_size: int, lengths: Mapping[str, int]) -> Dict[str, jax.ShapeDtypeStruct]:
-  """The largest batch `benchmark.make_batches` makes: [batch_size, inputs] and [batch_size, targets] int32."""
+  """The largest batch `evaluation.batches` makes: [batch_size, inputs] and [batch_size, targets] int32."""
   return {'encoder_input_tokens': jax.ShapeDtypeStruct((batch_size, lengths['inputs']), np.int32),
           'decoder_input_tokens': jax.ShapeDtypeStruct((batch_size, lengths['targets']), np.int32)}
 
@@ -100,7 +100,7 @@ class DecodeRun:
   drafter_module: Any
   target_params: PyTree
   drafter_params: PyTree
-  setting: Any  # benchmark.Setting
+  setting: Any  # settings.Setting
   lengths: Mapping[str, int]
   mesh: Any
   task: str

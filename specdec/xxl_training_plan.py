@@ -11,22 +11,32 @@ Memory. Every network is built abstractly (jax.eval_shape: no memory, no TPU)
 and laid out with specdec.partitioning's rules (T5X's, 1-D activations and
 1-D or 2-D parameters) on simulated ('data', 'model') meshes of v4 slices
 from v4-8 to v4-256, every power-of-two model width the trainer accepts (it
-refuses a param dimension the mesh does not divide). Per chip it counts:
+refuses a param dimension the mesh does not divide). Per chip, the step's
+peak is counted as:
 
   params       float32 (T5X keeps float32 params and computes in bfloat16)
-  grads        float32, laid out like the params
   optimizer    Adafactor's state (optax.adafactor as specdec.train makes
                it): factored second moments, one row and one column vector
                per matrix, full for vectors and matrices narrower than 128;
                counted replicated, an upper bound (~0.05% of XXL's params)
-  bf16 kernels the bfloat16 cast of every kernel: DenseGeneral casts kernels
-               to the activation dtype and the backward pass reads the casts
   activations  what the backward pass keeps of every layer (layer_residuals:
                norm inputs in f32 and outputs, q and k in f32, v and the
                attended values, softmax outputs in f32 and their bf16 casts,
                the MLP's two projections, their activation and product; the
-               f32 logits and softmax of the loss). Dropout masks are
-               broadcast along the length (T5X), so they are left out.
+               f32 logits and softmax of the loss), all live when the
+               backward pass starts. Dropout masks are broadcast along the
+               length (T5X), so they are left out. The network pins
+               activations to (batch, length, ...) as T5X does
+               (network.activation_layout), so they split over 'data' by rows.
+  code         CODE_GIB, the compiler's generated code (no shape predicts it)
+
+Float32 gradients and bf16 kernel casts are shown beside but not added: XLA's
+TPU compiler makes and consumes them layer by layer (each parameter's
+Adafactor update applied as its gradient is made, the casts fused into the
+matmuls), and the compiled steps (results/tpu_compile/v4-128.md) hold
+neither whole at the peak: adding them overstated the drafters' fine-tunes
+by up to 79%. Gradient accumulation (`microbatches` > 1) does hold a whole
+float32 gradient buffer across microbatches, and it is added.
 
 A layout fits when headroom x total <= 32 GiB of HBM per v4 chip (headroom
 1.2: XLA temporaries, fragmentation, the transient update tree). specdec.train
@@ -61,7 +71,7 @@ from jax.sharding import PartitionSpec
 from specdec import memory
 from specdec import network
 from specdec import partitioning
-from specdec.xxl_plan import (GIB, HBM_PER_CHIP_GIB, HEADROOM, format_gib,
+from specdec.xxl_plan import (CODE_GIB, GIB, HBM_PER_CHIP_GIB, HEADROOM, format_gib,
                               machine_description, mesh_splits)
 
 PEAK_TFLOPS = 275.0     # TPU v4, bf16 matmuls
@@ -275,11 +285,13 @@ def layout_row(run: Run, config: network.T5Config, slice_name: str,
   state = dict(_state_bytes(config, data, model, param_dims))
   acts = activation_bytes(config, sizes, rules, rows, run.inputs, run.targets)
   accumulator = state['grads'] if microbatches > 1 else 0
-  total = sum(state.values()) + accumulator + acts
+  code = int(CODE_GIB * GIB)
+  # Gradients and bf16 casts are not at the peak (module docstring); the accumulator is.
+  total = state['params'] + state['optimizer'] + accumulator + acts + code
   return dict(run=run.name, slice=slice_name, chips=chips, data=data, model=model,
               param_dims=param_dims, microbatches=microbatches,
               rows_per_chip=rows // data,
-              **state, accumulator=accumulator, activations=acts, total=total,
+              **state, accumulator=accumulator, activations=acts, code=code, total=total,
               fits=total * headroom <= hbm_gib * GIB)
 
 
@@ -389,17 +401,17 @@ def _accumulation_table(report: dict) -> list:
 def _layouts_table(run: dict, layouts: Sequence[dict]) -> list:
   lines = ['', f'## {run["name"]}: {TASK_NAMES[run["task"]]}, inputs {run["inputs"]}, '
            f'targets {run["targets"]}, batch {run["batch"]}, every layout', '',
-           '| slice | data x model | params | rows/chip | params f32 | grads f32 | Adafactor | '
-           'bf16 kernels | activations | total | fits |',
-           '|---|---|---|---|---|---|---|---|---|---|---|']
+           '| slice | data x model | params | rows/chip | params f32 | Adafactor | activations | code | total | '
+           'fits | grads f32 (not at the peak) | bf16 kernels (not at the peak) |',
+           '|---|---|---|---|---|---|---|---|---|---|---|---|']
   for r in layouts:
     if r['microbatches'] != 1:
       continue
     lines.append(
         f'| {r["slice"]} | {r["data"]} x {r["model"]} | {r["param_dims"]}-D | '
-        f'{r["rows_per_chip"]} | {format_gib(r["params"])} | {format_gib(r["grads"])} | '
-        f'{format_gib(r["optimizer"])} | {format_gib(r["bf16_kernels"])} | {format_gib(r["activations"])} | '
-        f'{format_gib(r["total"])} | {"yes" if r["fits"] else "no"} |')
+        f'{r["rows_per_chip"]} | {format_gib(r["params"])} | {format_gib(r["optimizer"])} | '
+        f'{format_gib(r["activations"])} | {format_gib(r["code"])} | {format_gib(r["total"])} | '
+        f'{"yes" if r["fits"] else "no"} | {format_gib(r["grads"])} | {format_gib(r["bf16_kernels"])} |')
   return lines
 
 
@@ -419,9 +431,11 @@ def render_markdown(report: dict) -> str:
       '- Cost: FLOPs/step = 6 x (N_enc x inputs + N_dec x targets) x batch + attention '
       f'(12 x L_q x L_k x heads x head_dim per layer and row); chip-hours at MFU {s["mfu"]:.0%} '
       f'of {s["peak_tflops"]:g} TFLOP/s (v4, bf16). Wall hours = chip-hours / chips of {LAUNCH_SLICE}.',
-      '- Memory: float32 params and grads, Adafactor\'s factored moments (replicated: an upper '
-      'bound), bf16 kernel casts, and an estimate of the activations the backward pass keeps for '
-      'the per-chip rows (see the script\'s docstring).',
+      '- Memory at the step\'s peak: float32 params, Adafactor\'s factored moments (replicated: an upper '
+      'bound), the activations the backward pass keeps for the per-chip rows (pinned to (batch, length, ...) '
+      f'as T5X pins them) and {CODE_GIB:g} GiB of generated code. Float32 gradients and bf16 kernel casts are '
+      'made and consumed layer by layer, not held whole at the peak (XLA\'s TPU compiler, '
+      'results/tpu_compile/v4-128.md): shown, not added. See the script\'s docstring.',
       f'- fits: {s["headroom"]} x total <= {s["hbm_gib"]} GiB HBM per v4 chip; specdec.train keeps '
       'a whole per-replica batch live (no gradient accumulation).',
       '- The drafters get 2 rows per chip on 64 chips, too little work to reach the XXL runs\' MFU: '

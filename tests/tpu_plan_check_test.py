@@ -40,7 +40,8 @@ COMPILED_V4_128 = {
 TRAINING_PLAN = {'runs': [
     {'name': 'small_ende', 'configured': {'slice': 'v4-128', 'data': 64, 'model': 1, 'params': GIB // 2,
                                           'optimizer': GIB // 2, 'grads': GIB // 4, 'bf16_kernels': GIB // 8,
-                                          'accumulator': 0, 'activations': GIB // 8}},
+                                          'accumulator': 0, 'activations': GIB // 4, 'code': GIB // 4,
+                                          'total': GIB + GIB // 2}},
     {'name': 'xxl_ende', 'configured': {'slice': 'v4-128', 'data': 16, 'model': 4}},  # not compiled
 ]}
 
@@ -61,6 +62,9 @@ def test_training_rows_follow_the_gin_mesh_and_count_aliased_outputs_once():
   assert [r['program'] for r in rows] == ['small_ende']
   assert rows[0]['planned_total'] == rows[0]['compiled_total'] == GIB + GIB // 2
   assert rows[0]['within']
+  # Parts: state (params + Adafactor), working (the rest of the plan's peak, here activations), code.
+  assert rows[0]['planned'] == {'state': GIB, 'working': GIB // 4, 'code': GIB // 4}
+  assert rows[0]['compiled'] == {'state': GIB, 'working': GIB // 2, 'code': 0}
   assert tpu_plan_check.training_plan_rows(TRAINING_PLAN, COMPILED_V4_8) == []
 
 
