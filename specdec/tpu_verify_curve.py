@@ -197,12 +197,7 @@ def measured_markdown(report: Mapping[str, Any], report_path: str, compiled: Map
   lines += ['', f'## Table 2 at batch 1: speedups from the call times measured on {device}, beside the paper\'s', '',
             'speedup = E[tokens] t_p / (γ t_q + t_verify) (`theory.predicted_speedup_from_costs`) with the paper\'s α '
             'and γ and the measured t_p, t_q, t_verify.', '',
-            '| task | drafter | temperature | γ | α (paper) | c | verify / one step | speedup from measured costs | '
-            'paper speedup |', '|---|---|---|---|---|---|---|---|---|']
-  for row in rows:
-    lines.append(f'| {row["task"]} | {row["drafter"]} | {row["temperature"]:g} | {row["gamma"]} | '
-                 f'{row["alpha"]:.2f} | {row["c"]:.3f} | {row["verify_ratio"]:.2f} | '
-                 f'{row["predicted_speedup"]:.2f}X | {row["paper_speedup"]:.1f}X |')
+            *_table2_lines(rows, 'speedup from measured costs')]
   return '\n'.join(lines) + '\n'
 
 
@@ -263,13 +258,19 @@ def markdown(results: Mapping[str, Any], generation: str = 'v4') -> str:
             't_q / t_p; speedup = E[tokens] t_p / (γ t_q + t_verify) (`theory.predicted_speedup_from_costs`) with '
             'the paper\'s α and γ. CNN/DM rows use the same curve (WMT lengths; CNN/DM\'s 512 inputs only lengthen '
             'the cross-attention cache).', '',
-            '| task | drafter | temperature | γ | α (paper) | c | verify / one step | predicted speedup | '
-            'paper speedup |', '|---|---|---|---|---|---|---|---|---|']
+            *_table2_lines(rows, 'predicted speedup')]
+  return '\n'.join(lines) + '\n'
+
+
+def _table2_lines(rows: Sequence[Mapping[str, Any]], speedup_header: str) -> List[str]:
+  """The Table-2 rows as a Markdown table, the speedup column headed `speedup_header`."""
+  lines = ['| task | drafter | temperature | γ | α (paper) | c | verify / one step | ' + speedup_header
+           + ' | paper speedup |', '|---|---|---|---|---|---|---|---|---|']
   for row in rows:
     lines.append(f'| {row["task"]} | {row["drafter"]} | {row["temperature"]:g} | {row["gamma"]} | '
                  f'{row["alpha"]:.2f} | {row["c"]:.3f} | {row["verify_ratio"]:.2f} | '
                  f'{row["predicted_speedup"]:.2f}X | {row["paper_speedup"]:.1f}X |')
-  return '\n'.join(lines) + '\n'
+  return lines
 
 
 def write_markdown(json_path: str, md_path: str) -> None:
