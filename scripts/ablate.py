@@ -214,7 +214,7 @@ def needed_alpha(fit, speedup, max_gamma):
 
 def _pooled_alpha(runs):
   """Kept / judged drafts over all runs of one drafter (the MLE of α under Thm 3.8's i.i.d. model)."""
-  return float(reporting.acceptance_rate(sum(s['accepted'] for s in runs), sum(s['judged'] for s in runs)))
+  return float(theory.acceptance_rate(sum(s['accepted'] for s in runs), sum(s['judged'] for s in runs)))
 
 
 def _plot_gamma(path, curves, task_name):

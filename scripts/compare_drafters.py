@@ -50,6 +50,7 @@ from specdec import profiling
 from specdec import reporting
 from specdec import settings
 from specdec import tasks
+from specdec import theory
 
 TASKS = {'ende': tasks.ENDE_LOCAL_TASK, 'summarize': tasks.SUMMARIZE_LOCAL_TASK}
 LENGTHS = {'inputs': 96, 'targets': 48}
@@ -186,7 +187,7 @@ def compare(args) -> dict:
             'gamma': auto['gamma'] if auto else gamma,
             'speedup': sum(baseline['seconds']) / sum(entry['seconds']),
             'speedup_vs_full_batch_baseline': sum(plain['seconds']) / sum(entry['seconds']),
-            'alpha': reporting.acceptance_rate(sum(int(s['accepted'].sum()) for s in stats), judged),
+            'alpha': theory.acceptance_rate(sum(int(s['accepted'].sum()) for s in stats), judged),
             'tokens_per_call': (sum(int(s['emitted'].sum()) for s in stats)
                                 / sum(int(s['target_calls'].sum()) for s in stats)),
             'round_in_baseline_tokens': round_s / token_s if fit else None,

@@ -34,8 +34,8 @@ from specdec import fileio
 from specdec import loading
 from specdec import models
 from specdec import network
-from specdec import reporting
 from specdec import tasks
+from specdec import theory
 
 TASKS = {'ende': tasks.ENDE_LOCAL_TASK, 'summarize': tasks.SUMMARIZE_LOCAL_TASK}
 NETWORKS = ('target', 'd1', 'd1kd', 'd1s', 'd2', 'd3')  # each evaluated if <models>/<name> exists
@@ -117,7 +117,7 @@ def acceptance(target, drafter, lengths, max_examples, batch_size, gamma,
           identical += int(same.sum())
         rows += len(idx)
       entry = {
-          'alpha_accepted_over_judged': float(reporting.acceptance_rate(totals['accepted'], totals['judged'])),
+          'alpha_accepted_over_judged': float(theory.acceptance_rate(totals['accepted'], totals['judged'])),
           'alpha_sum_min_pq': float(totals['overlap_sum'] / max(totals['overlap_count'], 1)),
           'tokens_per_target_call': float(totals['emitted'] / max(totals['target_calls'], 1)),
           'accepted_at': (totals['accepted_at'] / max(int(totals['target_calls']), 1)).tolist(),

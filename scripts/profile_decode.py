@@ -130,7 +130,7 @@ def profile(args) -> dict:
 
   base_total = sum(r['baseline_s'] for r in rows)
   spec_total = sum(r['speculative_s'] for r in rows)
-  alpha = reporting.acceptance_rate(sum(r['accepted'] for r in rows), sum(r['judged'] for r in rows))
+  alpha = theory.acceptance_rate(sum(r['accepted'] for r in rows), sum(r['judged'] for r in rows))
   return {
       'run': args.run, 'target': args.target, 'drafter': args.drafter, 'task': task_name, 'gamma': args.gamma,
       'temperature': args.temperature, 'draft_confidence': args.draft_confidence,

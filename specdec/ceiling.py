@@ -256,8 +256,8 @@ def _sum(records, kind, name, field):
 
 def _row(records, kind, name, batch_size, in_loop_by_rows=None):
   judged, accepted = _sum(records, kind, name, 'judged'), _sum(records, kind, name, 'accepted')
-  out = {'batch': batch_size, 'alpha_measured': reporting.acceptance_rate(accepted, judged), 'judged': judged,
-         'alpha_stderr': reporting.acceptance_stderr(accepted, judged),
+  out = {'batch': batch_size, 'alpha_measured': theory.acceptance_rate(accepted, judged), 'judged': judged,
+         'alpha_stderr': theory.acceptance_stderr(accepted, judged),
          'tokens_per_call': _sum(records, kind, name, 'emitted') / max(_sum(records, kind, name, 'target_calls'), 1),
          'measured_speedup': sum(r['baseline_s'] for r in records) / sum(r[kind][name]['seconds'] for r in records),
          'identical': all(r[kind][name]['identical'] for r in records),

@@ -60,14 +60,13 @@ from typing import (Callable, Collection, Dict, Iterable, Iterator, List,
                     Mapping, Optional, Sequence, Tuple)
 
 from specdec import fileio
+from specdec.task_names import CORPORA
+from specdec.task_names import SUMMARIZATION_CORPUS
+from specdec.task_names import SUMMARIZE_PREFIX
+from specdec.task_names import TRANSLATE_PREFIX
+from specdec.task_names import TRANSLATION_CORPUS
 
 ORIGIN = "ddtp"
-TRANSLATE_PREFIX = "translate English to German: "
-SUMMARIZE_PREFIX = "summarize: "
-
-TRANSLATION_CORPUS = "translate_en_de"
-SUMMARIZATION_CORPUS = "summarize_ddtp"
-CORPORA = (TRANSLATION_CORPUS, SUMMARIZATION_CORPUS)
 
 SPLITS = ("train", "validation", "test")
 DEFAULT_RATIOS = (0.90, 0.05, 0.05)

@@ -22,8 +22,8 @@ from specdec import fileio
 from specdec import models
 from specdec import network
 from specdec import partitioning
-from specdec import reporting
 from specdec import sharded_decoding
+from specdec import theory
 
 PredictFn = Callable[..., Tuple[Any, Mapping[str, Any]]]
 # Input lengths are padded up to one of these (capped at the configured length), so short inputs do not pay
@@ -165,7 +165,7 @@ def decode_statistics(records: Sequence[Mapping[str, Any]]) -> Dict[str, float]:
     return {'examples': len(records), 'tokens': int(sum(r['tokens'] for r in records))}
   tot = lambda k: float(sum(r[k] for r in records))
   return {'examples': len(records), 'tokens': int(tot('tokens')),
-          'alpha_accept': reporting.acceptance_rate(tot('accepted'), tot('judged')),
+          'alpha_accept': theory.acceptance_rate(tot('accepted'), tot('judged')),
           'alpha_overlap': tot('overlap_sum') / max(tot('overlap_count'), 1),
           'tokens_per_target_call': tot('emitted') / max(tot('target_calls'), 1)}
 

@@ -9,6 +9,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 import numpy as np
 
 from specdec import reporting
+from specdec import theory
 
 # The frameworks and systems, as the records and rows name them.
 HF, OURS = 'hf', 'ours'
@@ -41,7 +42,7 @@ def summarize_system(records: Sequence[Mapping[str, Any]], system, temperature: 
     if 'judged' in records[0]:  # ours: α as benchmark.py reports it (accepted / judged inside the loop)
       judged = int(sum(r['judged'] for r in records))
       in_loop = int(sum(r['accepted_in_loop'] for r in records))
-      row.update(judged=judged, alpha_accept=reporting.acceptance_rate(in_loop, judged))
+      row.update(judged=judged, alpha_accept=theory.acceptance_rate(in_loop, judged))
   if 'drafter_calls' in records[0] and system.name != BASELINE:
     row['drafter_calls_per_example'] = sum(r['drafter_calls'] for r in records) / n
   return row

@@ -1,8 +1,8 @@
 """Numbers from measured records: α, the benchmark's summary, its CSV and Markdown, and where a result was made.
 
 Pure functions over records (dicts), no decoding and no timing. α, the acceptance rate, is computed from the
-decode loop's statistics in one place (`acceptance_rate`, with its binomial standard error
-`acceptance_stderr`): accepted / judged drafts, 0 when nothing was judged (no evidence). The benchmark's
+decode loop's statistics by `theory.acceptance_rate` (with its binomial standard error
+`theory.acceptance_stderr`): accepted / judged drafts, 0 when nothing was judged (no evidence). The benchmark's
 records are the per-example dicts `benchmark.run` writes to examples.jsonl; its summary (`summarize_benchmark`)
 is what benchmark.json holds. The figures are in `specdec.plots`; the peer benchmark's and the ceiling's
 Markdown in `specdec.peers_report` and `specdec.ceiling_report`.
@@ -31,22 +31,8 @@ def finite_or_none(x: float) -> Optional[float]:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# α from the loop's statistics.
+# Baseline steps per batch, padded.
 # ----------------------------------------------------------------------------------------------------------
-
-
-def acceptance_rate(accepted: float, judged: float) -> float:
-  """α = accepted / judged drafts (the MLE of α under Thm 3.8's i.i.d. model); 0.0 when nothing was judged
-  (every row ended at once: no evidence)."""
-  return accepted / judged if judged else 0.0
-
-
-def acceptance_stderr(accepted: float, judged: float) -> Optional[float]:
-  """The binomial standard error of `acceptance_rate`, sqrt(α(1 - α) / judged); None when nothing was judged."""
-  if not judged:
-    return None
-  alpha = acceptance_rate(accepted, judged)
-  return float(np.sqrt(alpha * (1 - alpha) / judged))
 
 
 def steps_per_batch(batches: Iterable[Tuple[Sequence[int], Sequence[int]]],
@@ -123,7 +109,7 @@ def summarize_benchmark(records: Sequence[Mapping[str, Any]], costs: Mapping[str
   tot = lambda key: float(sum(r[key] for r in records))
   judged, accepted, drafted = tot('judged'), tot('accepted'), tot('drafted')
   calls = tot('target_calls')
-  alpha_accept = acceptance_rate(accepted, judged)
+  alpha_accept = theory.acceptance_rate(accepted, judged)
   alpha_overlap = tot('overlap_sum') / tot('overlap_count') if tot('overlap_count') else 0.0
   accepted_at = np.sum([r['accepted_at'] for r in records], axis=0).astype(float)
   # P(draft j kept | drafts < j kept): rounds reaching position j are those that kept j-1 (or all rounds).

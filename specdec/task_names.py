@@ -1,8 +1,17 @@
-"""The names under which specdec/tasks.py registers its seqio Tasks and Mixture.
+"""The names under which specdec/tasks.py registers its seqio Tasks and Mixture, and what the local ones read.
 
 Kept apart from tasks.py (which imports seqio and TensorFlow) so that code
-that only names tasks, such as the result tables, imports neither.
+that only names tasks, such as the result tables, imports neither; and apart
+from corpora.py (which builds the local corpora), so that the tasks need
+nothing of the corpus builder.
 """
+
+# The T5 input prefixes, and the local corpora's folder names under the corpus directory.
+TRANSLATE_PREFIX = "translate English to German: "
+SUMMARIZE_PREFIX = "summarize: "
+TRANSLATION_CORPUS = "translate_en_de"
+SUMMARIZATION_CORPUS = "summarize_ddtp"
+CORPORA = (TRANSLATION_CORPUS, SUMMARIZATION_CORPUS)
 
 # Local tasks on the Debian DDTP corpora, and their Mixture.
 ENDE_LOCAL_TASK = "specdec_ende_local"

@@ -55,10 +55,10 @@ import seqio
 import tensorflow as tf
 
 from specdec import fileio
-from specdec.corpora import SUMMARIZE_PREFIX
-from specdec.corpora import SUMMARIZATION_CORPUS
-from specdec.corpora import TRANSLATE_PREFIX
-from specdec.corpora import TRANSLATION_CORPUS
+from specdec.task_names import SUMMARIZE_PREFIX
+from specdec.task_names import SUMMARIZATION_CORPUS
+from specdec.task_names import TRANSLATE_PREFIX
+from specdec.task_names import TRANSLATION_CORPUS
 from specdec.task_names import CNN_DAILYMAIL_TASK
 from specdec.task_names import ENDE_LOCAL_TASK
 from specdec.task_names import LOCAL_MIXTURE

@@ -311,6 +311,20 @@ def oracle_tokens(alpha):
         return _out(1.0 / (1.0 - a))
 
 
+def acceptance_rate(accepted, judged):
+    """α measured: accepted / judged drafts (the MLE of α under Thm 3.8's i.i.d. model), from the decode loop's
+    statistics; 0.0 when nothing was judged (every row ended at once: no evidence)."""
+    return accepted / judged if judged else 0.0
+
+
+def acceptance_stderr(accepted, judged):
+    """The binomial standard error of `acceptance_rate`, sqrt(α(1 - α) / judged); None when nothing was judged."""
+    if not judged:
+        return None
+    a = acceptance_rate(accepted, judged)
+    return float(np.sqrt(a * (1 - a) / judged))
+
+
 def predicted_speedup_from_costs(alpha, gamma, draft_call_time, target_call_time, verify_call_time=None):
     """Walltime improvement from measured call costs, without Thm 3.8's "verify costs one call" assumption.
 

@@ -15,26 +15,8 @@ from tests import benchmark_records as hand
 
 
 # -----------------------------------------------------------------------------
-# α and its standard error, fmt, steps_per_batch
+# fmt, steps_per_batch
 # -----------------------------------------------------------------------------
-
-
-def test_acceptance_rate_is_accepted_over_judged():
-  # 21 of 26 judged drafts kept: α = 21 / 26 = 0.8077, not the mean of the per-example rates (15/18, 6/8).
-  assert reporting.acceptance_rate(15 + 6, 18 + 8) == pytest.approx(0.8076923)
-  assert reporting.acceptance_rate(0, 7) == 0.0
-  assert reporting.acceptance_rate(7, 7) == 1.0
-
-
-def test_acceptance_rate_without_judged_drafts_is_zero():
-  assert reporting.acceptance_rate(0, 0) == 0.0
-  assert reporting.acceptance_stderr(0, 0) is None
-
-
-def test_acceptance_stderr_is_binomial():
-  # α = 0.75 over 48 judged drafts: sqrt(0.75 · 0.25 / 48) = 0.0625.
-  assert reporting.acceptance_stderr(36, 48) == pytest.approx(0.0625)
-  assert reporting.acceptance_stderr(10, 10) == 0.0
 
 
 def test_fmt():

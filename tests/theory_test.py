@@ -408,3 +408,24 @@ def test_per_depth_acceptance_refuses_bad_input():
   with pytest.raises(ValueError, match='depths 1..2'):
     theory.best_gamma([0.5, 0.5], 0.1, {k: 1.0 for k in range(1, 5)})
   assert theory.best_gamma([0.5, 0.5], 0.1, {k: 1.0 for k in range(1, 5)}, max_gamma=2)[0] in (1, 2)
+
+
+# α measured from the loop's statistics, and its standard error.
+
+
+def test_acceptance_rate_is_accepted_over_judged():
+  # 21 of 26 judged drafts kept: α = 21 / 26 = 0.8077, not the mean of the per-example rates (15/18, 6/8).
+  assert theory.acceptance_rate(15 + 6, 18 + 8) == pytest.approx(0.8076923)
+  assert theory.acceptance_rate(0, 7) == 0.0
+  assert theory.acceptance_rate(7, 7) == 1.0
+
+
+def test_acceptance_rate_without_judged_drafts_is_zero():
+  assert theory.acceptance_rate(0, 0) == 0.0
+  assert theory.acceptance_stderr(0, 0) is None
+
+
+def test_acceptance_stderr_is_binomial():
+  # α = 0.75 over 48 judged drafts: sqrt(0.75 · 0.25 / 48) = 0.0625.
+  assert theory.acceptance_stderr(36, 48) == pytest.approx(0.0625)
+  assert theory.acceptance_stderr(10, 10) == 0.0
