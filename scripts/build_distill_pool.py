@@ -4,7 +4,7 @@
   python scripts/build_distill_pool.py --out data/pool
   python scripts/build_distill_pool.py --out data/pool --skip_fetch   # lists already in --apt_dir
 
-The pool (specdec/distill_pool.py) has the local corpus's layout, so
+The pool (specdec/data/distill_pool.py) has the local corpus's layout, so
 `python scripts/build_distill_corpus.py --corpus data/pool ...` decodes it with
 the target. Its train split holds the corpus's train rows (with references) and
 every other English input of the same kind from the corpus's lists (--lists_dir)
@@ -21,8 +21,8 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                 ".."))
 
-from specdec import corpora  # pylint: disable=g-import-not-at-top,wrong-import-position
-from specdec import distill_pool  # pylint: disable=g-import-not-at-top,wrong-import-position
+from specdec.data import corpora  # pylint: disable=g-import-not-at-top,wrong-import-position
+from specdec.data import distill_pool  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 def relative_command(argv, script="scripts/build_distill_pool.py"):

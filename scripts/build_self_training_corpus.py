@@ -10,7 +10,7 @@ of this corpus (`--corpus data/pool_v3`); its manifest names the model that
 decoded it. Only the task(s) the decodes hold get pseudo-pairs (`--task`,
 default translate_en_de): the decodes of inputs the real train split lacks, a
 seeded sample of at most `--max_decodes`, shuffled in among the real train
-rows (specdec/self_training.py). Every other split and task is copied from the
+rows (specdec/data/self_training.py). Every other split and task is copied from the
 real corpus unchanged. `--noise_drop` / `--noise_shuffle_k` noise the pseudo-pairs' inputs (noisy
 self-training: `self_training.noised`; their clean input stays in `clean_inputs`). Each train row carries `provenance` (`real` or
 `decode:<model>`); manifest.json records the sources' manifests (sha256), the
@@ -27,7 +27,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
 
 from specdec import fileio  # pylint: disable=g-import-not-at-top,wrong-import-position
-from specdec import self_training  # pylint: disable=g-import-not-at-top,wrong-import-position
+from specdec.data import self_training  # pylint: disable=g-import-not-at-top,wrong-import-position
 from specdec import tasks  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 SPLITS = ('train', 'validation', 'test')

@@ -290,7 +290,7 @@ def model_card(name, config, entry, report):
 - Architecture: T5 1.1 (RMS norm, gated GELU, relative position bias), Flax, T5X param tree.
 - Config: {json.dumps(checkpoints.config_to_dict(config))}
 - Parameters: {entry['params']:,}; per-token decoder cost {entry['decode_cost_vs_target']:.3f}× the target's.
-- Data: local Debian package corpora (specdec/corpora.py; `{train.get('mixture_or_task_name', '?')}`),
+- Data: local Debian package corpora (specdec/data/corpora.py; `{train.get('mixture_or_task_name', '?')}`),
   vocabulary specdec/assets/spm_ende_8k.model.
 - Training: {train.get('step', '?')} steps, {train.get('minutes', float('nan')):.1f} minutes of recorded wall time on
   this 2-core CPU over {len(train.get('runs', []))} recorded run(s) (a run not in the list was not timed):

@@ -30,7 +30,7 @@ import sentencepiece as spm
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                 ".."))
 
-from specdec import corpora  # pylint: disable=g-import-not-at-top
+from specdec.data import corpora  # pylint: disable=g-import-not-at-top
 from specdec import fileio  # pylint: disable=g-import-not-at-top
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -2,7 +2,7 @@
 
 Importing this module registers (T5 / T5X conventions throughout):
 
-Local tasks on the Debian DDTP corpora built by ``specdec/corpora.py``
+Local tasks on the Debian DDTP corpora built by ``specdec/data/corpora.py``
 (``python scripts/build_corpus.py --out data/corpus``), tokenized with the
 shipped 8k SentencePiece vocabulary (``DEFAULT_VOCAB_PATH``):
 

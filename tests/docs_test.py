@@ -153,10 +153,41 @@ def test_the_readme_is_short_and_the_docs_index_lists_every_page():
       assert f'({os.path.basename(page)})' in index, page
 
 
+def _modules():
+  """Every module of the package as its path under specdec/ without '.py' ('tasks', 'data/corpora')."""
+  paths = glob.glob(os.path.join(REPO, 'specdec', '**', '*.py'), recursive=True)
+  return sorted(os.path.relpath(p, os.path.join(REPO, 'specdec'))[:-3] for p in paths
+                if os.path.basename(p) != '__init__.py')
+
+
+def _imported_modules(module):
+  """The specdec modules `module` imports, as `_modules` names them."""
+  known = set(_modules())
+  found = set()
+  for dotted, names in re.findall(r'^ *from specdec(?:\.([\w.]+))? import ([\w, ]+)', _read(f'specdec/{module}.py'),
+                                  re.M):
+    base = dotted.replace('.', '/') if dotted else ''
+    for name in (n.strip() for n in names.split(',')):
+      inner = f'{base}/{name}' if base else name
+      found.add(inner if inner in known else base)
+  return found - {''}
+
+
 def test_the_layout_names_every_module():
   layout = _read('docs/layout.md')
-  modules = sorted(os.path.basename(p) for p in glob.glob(os.path.join(REPO, 'specdec', '*.py')))
-  assert [m for m in modules if m != '__init__.py' and f'`specdec/{m}`' not in layout] == []
+  assert [m for m in _modules() if f'`specdec/{m}.py`' not in layout] == []
+
+
+# Tested beside the module that produces its input: the module, and the test file that imports it.
+_TESTED_WITH = {'accelerator_report': 'accelerator_test.py'}
+
+
+def test_each_module_has_its_test_file_at_the_same_place():
+  missing = [m for m in _modules() if m not in _TESTED_WITH
+             if not os.path.exists(os.path.join(REPO, 'tests', f'{m}_test.py'))]
+  assert missing == [], 'modules without tests/<module>_test.py'
+  for module, test_file in _TESTED_WITH.items():
+    assert f'import {module}\n' in _read(f'tests/{test_file}'), (module, test_file)
 
 
 def test_the_layout_says_who_imports_whom():
@@ -164,17 +195,23 @@ def test_the_layout_says_who_imports_whom():
   layer, level = -1, {}
   for line in _read('docs/layout.md').split('\n'):
     layer += line.startswith('## ')
-    match = re.match(r'\| `specdec/(\w+)\.py`', line)
+    match = re.match(r'\| `specdec/([\w/]+)\.py`', line)
     if match:
       level[match.group(1)] = layer
-  upward = []
-  for module, own in level.items():
-    source = _read(f'specdec/{module}.py')
-    for dotted, name in set(re.findall(r'^ *from specdec(?:\.(\w+))? import (\w+)', source, re.M)):
-      name = dotted or name
-      if level.get(name, -1) > own:
-        upward.append(f'{module} imports {name}')
+  upward = [f'{module} imports {name}' for module, own in level.items()
+            for name in sorted(_imported_modules(module)) if level.get(name, -1) > own]
   assert upward == []
+
+
+# The launcher dispatches to the benchmark and the ceiling (its 'benchmark' mode, the main job); every other
+# module at the top level is the library, which needs none of the repository's tooling.
+_LAUNCHERS = ('main',)
+
+
+def test_the_library_imports_nothing_from_the_tooling():
+  library = [m for m in _modules() if '/' not in m and m not in _LAUNCHERS]
+  reaching = [f'{m} imports {name}' for m in library for name in sorted(_imported_modules(m)) if '/' in name]
+  assert reaching == []
 
 
 @pytest.mark.parametrize('page', [p for p in PAGES if p.startswith('docs/') and p != 'docs/README.md'])

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 
-from specdec import corpora
+from specdec.data import corpora
 from specdec import evaluation
 from specdec import settings
 from specdec import tasks

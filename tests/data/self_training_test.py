@@ -1,4 +1,4 @@
-"""Tests of specdec/self_training.py (the mix of real rows and pseudo-pairs) and of
+"""Tests of specdec/data/self_training.py (the mix of real rows and pseudo-pairs) and of
 scripts/build_self_training_corpus.py on a fixture corpus."""
 
 import json
@@ -10,12 +10,12 @@ import sys
 import pytest
 
 from specdec import fileio
-from specdec import self_training
+from specdec.data import self_training
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'scripts'))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), 'scripts'))
 import build_self_training_corpus  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-FIXTURE_CORPUS = os.path.join(os.path.dirname(__file__), 'testdata', 'tasks', 'corpus')
+FIXTURE_CORPUS = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'testdata', 'tasks', 'corpus')
 MODEL = 'models/cpu_v3/target'
 
 

@@ -26,7 +26,7 @@ of drops is recorded in the manifest.
 
 The translation train split may also hold pairs from other sources
 (``extra_train_rows``: bilingual documentation and gettext catalogs,
-``specdec/parallel_sources.py``), appended after its DDTP rows. They go to
+``specdec/data/parallel_sources.py``), appended after its DDTP rows. They go to
 train only and are dropped when their source package is held out or their
 English opening words match a validation/test item, so the validation and
 test splits are byte-identical with or without them.

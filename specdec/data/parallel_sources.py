@@ -1,6 +1,6 @@
 """More English -> German pairs from Debian packages: bilingual docs and gettext catalogs.
 
-The DDTP corpus (``specdec/corpora.py``) pairs package descriptions. This
+The DDTP corpus (``specdec/data/corpora.py``) pairs package descriptions. This
 module reads two more kinds of human translation that apt can fetch
 (``apt-get download`` + ``dpkg-deb -x``; the packages are unpacked into
 ``<packages_dir>/<binary package>/``, the paths they would install to):
@@ -456,7 +456,7 @@ def block_segments(en: str, de: str) -> List[Tuple[str, str, str]]:
   """
   # Imported here: corpora imports nothing of this module, and the splitter
   # is the one the DDTP pairs use.
-  from specdec import corpora  # pylint: disable=g-import-not-at-top
+  from specdec.data import corpora  # pylint: disable=g-import-not-at-top
   if word_count(en) <= MAX_WORDS and word_count(de) <= MAX_WORDS:
     return [(KIND_BLOCK, en, de)]
   en_s, de_s = corpora.split_sentences(en), corpora.split_sentences(de)

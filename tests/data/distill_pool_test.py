@@ -1,4 +1,4 @@
-"""Tests for specdec.distill_pool on the small DDTP fixtures (and a second, hand-written release)."""
+"""Tests for specdec.data.distill_pool on the small DDTP fixtures (and a second, hand-written release)."""
 
 import json
 import os
@@ -8,11 +8,11 @@ import sys
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 
-from specdec import corpora  # pylint: disable=g-import-not-at-top,wrong-import-position
-from specdec import distill_pool  # pylint: disable=g-import-not-at-top,wrong-import-position
+from specdec.data import corpora  # pylint: disable=g-import-not-at-top,wrong-import-position
+from specdec.data import distill_pool  # pylint: disable=g-import-not-at-top,wrong-import-position
 from specdec import fileio  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 LISTS = os.path.join(REPO, "tests", "testdata", "lists")

@@ -1,4 +1,4 @@
-"""Tests for specdec.corpora on small hand-written DDTP fixtures."""
+"""Tests for specdec.data.corpora on small hand-written DDTP fixtures."""
 
 import gzip
 import json
@@ -11,10 +11,10 @@ import sys
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 
-from specdec import corpora  # pylint: disable=g-import-not-at-top
+from specdec.data import corpora  # pylint: disable=g-import-not-at-top
 from specdec import fileio  # pylint: disable=g-import-not-at-top
 
 LISTS = os.path.join(REPO, "tests", "testdata", "lists")

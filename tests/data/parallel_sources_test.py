@@ -1,4 +1,4 @@
-"""Tests for specdec.parallel_sources and the corpus build with extra EN->DE pairs.
+"""Tests for specdec.data.parallel_sources and the corpus build with extra EN->DE pairs.
 
 Fixtures: tests/testdata/extra (a documentation package pair, unpacked) and
 gettext catalogs written here (`write_mo`); the DDTP lists of corpora_test.
@@ -12,12 +12,12 @@ import sys
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 
-from specdec import corpora  # pylint: disable=g-import-not-at-top
+from specdec.data import corpora  # pylint: disable=g-import-not-at-top
 from specdec import fileio  # pylint: disable=g-import-not-at-top
-from specdec import parallel_sources as ps  # pylint: disable=g-import-not-at-top
+from specdec.data import parallel_sources as ps  # pylint: disable=g-import-not-at-top
 
 LISTS = os.path.join(REPO, "tests", "testdata", "lists")
 EXTRA = os.path.join(REPO, "tests", "testdata", "extra")

@@ -3,7 +3,7 @@
 Self-training (He et al. 2020, "Revisiting Self-Training for Neural Sequence
 Generation") trains a model on pseudo-pairs: inputs without references paired
 with the model's own decodes. Here the inputs are the distillation pool's
-(``specdec/distill_pool.py``) and the decodes are a corpus written by
+(``specdec/data/distill_pool.py``) and the decodes are a corpus written by
 ``scripts/build_distill_corpus.py --corpus <pool>``. Only inputs the real train
 split does not hold are pseudo-pairs: a pool row of the real train split
 (origin ``corpus:train``) would put a second, poorer target beside its
@@ -31,7 +31,7 @@ import collections
 import random
 from typing import Dict, List, Mapping, Sequence, Tuple
 
-from specdec import distill_pool
+from specdec.data import distill_pool
 
 REAL = 'real'
 DECODE_PREFIX = 'decode:'

@@ -4,7 +4,7 @@ A drafter for speculative decoding only has to imitate the target model, so
 the inputs it is distilled on need no reference outputs: the target decodes
 them (``scripts/build_distill_corpus.py --corpus data/pool``). This module
 builds that pool of inputs, of the same kind as the local corpus
-(``specdec/corpora.py``, ``data/corpus``), from *all* English Debian package
+(``specdec/data/corpora.py``, ``data/corpus``), from *all* English Debian package
 descriptions (``Translation-en``), not only those with a German translation:
 
 * ``translate_en_de`` inputs: the short description (kind ``short``) and the
@@ -60,8 +60,8 @@ import time
 from typing import (AbstractSet, Callable, Dict, Iterable, List, Mapping, Optional,
                     Sequence, Set, Tuple)
 
-from specdec import corpora
 from specdec import fileio
+from specdec.data import corpora
 
 POOL_ORIGIN = "ddtp-pool"
 FORMAT_VERSION = 1
