@@ -15,6 +15,7 @@ of its time:
   pytest-xdist workers inherit the flags from the process that started them.
 """
 
+import gc
 import os
 import tempfile
 
@@ -29,6 +30,7 @@ if os.environ.get('SPECDEC_TEST_XLA_OPT', '0') != 'default':
   os.environ['XLA_FLAGS'] = xla_flags.fast_compile(os.environ.get('XLA_FLAGS', ''))
 
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
+import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 # jax 0.12's persistent cache crashed pytest workers on this CPU (SIGSEGV while serializing or reading an
 # executable, in `compilation_cache.put_executable_and_time` / `get_executable_and_time`; three whole-suite runs,
@@ -42,3 +44,45 @@ if _CACHE_DIR:
   jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
   jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
 
+
+# Each XLA:CPU executable keeps its machine code in memory maps of its own, and jax keeps every program it compiled
+# for the life of the process. A pytest worker runs hundreds of modules: on jax 0.12 one passed Linux's limit of
+# 65,530 maps per process (`vm.max_map_count`) and aborted in its next compile (LLVM's RuntimeDyld could not map a
+# section; 65,532 maps in the core file), in the same test of tests/models_test.py in three whole-suite runs. So a
+# worker drops the programs it compiled at the end of each test module, and after any test that leaves it past half
+# the limit (one module alone reached 50,334 maps on jax 0.12).
+_MAPS = '/proc/self/maps'
+
+
+def _map_budget():
+  try:
+    with open('/proc/sys/vm/max_map_count', encoding='ascii') as f:
+      return int(f.read()) // 2
+  except (OSError, ValueError):  # not Linux: no such limit to keep under
+    return None
+
+
+_MAP_BUDGET = _map_budget()
+
+
+def _memory_maps():
+  with open(_MAPS, 'rb') as f:
+    return sum(1 for _ in f)
+
+
+def _free_compiled_programs():
+  jax.clear_caches()
+  gc.collect()
+
+
+@pytest.fixture(autouse=True, scope='module')
+def _free_each_modules_programs():
+  yield
+  _free_compiled_programs()
+
+
+@pytest.fixture(autouse=True)
+def _free_programs_short_of_the_map_limit():
+  yield
+  if _MAP_BUDGET is not None and _memory_maps() > _MAP_BUDGET:
+    _free_compiled_programs()
