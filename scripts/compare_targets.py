@@ -215,7 +215,7 @@ def gin_caps(gin_file: str) -> Dict[str, Any]:
   the trainer stops at whichever comes first, so neither is what a run of it did."""
   import gin  # pylint: disable=g-import-not-at-top
   from specdec import gin_utils  # pylint: disable=g-import-not-at-top
-  from specdec import train_config  # pylint: disable=g-import-not-at-top
+  from specdec.training import train_config  # pylint: disable=g-import-not-at-top
   gin.clear_config()
   try:
     gin_utils.parse([gin_file], ["MODEL_DIR = 'unused'"])

@@ -32,7 +32,7 @@ echo "== bigram and trigram -> $FAMILY"
 [ -f "$FAMILY/trigram/config.json" ] || quiet python scripts/build_ngram_drafters.py --out "$FAMILY" --prior 1.0 \
   --corpus_dir "data/distill_greedy_$TAG" --top_k 8 --only bigram trigram
 echo "== f128 ($HEAD_GIN) -> $FAMILY/f128"
-quiet python -m specdec.feature_training --gin_file="$HEAD_GIN" --gin.MODEL_DIR="'runs/f128_$TAG'" \
+quiet python -m specdec.training.feature_training --gin_file="$HEAD_GIN" --gin.MODEL_DIR="'runs/f128_$TAG'" \
   --gin.EXPORT_DIR="'$FAMILY/f128'"
 echo "== the family's quality and acceptance -> results/models_$TAG"
 quiet python scripts/evaluate_family.py --models "$FAMILY" --results "results/models_$TAG" --max_examples 64

@@ -12,9 +12,9 @@ models/cpu_v2/target) and continues a shipped drafter (`init`) on one kind of da
   `scripts/build_distill_corpus.py` and carry a fingerprint of the target that made them;
 * loss: cross-entropy on the data's tokens alone (no teacher: on greedy decodes this is the cross-entropy on the
   target's greedy tokens, sequence-level KD), or a divergence to the target's distribution at every position
-  (`train_config.DistillConfig(teacher_dir=..., divergence=...)`: fkl, rkl, tvd; specdec/distill.py).
+  (`train_config.DistillConfig(teacher_dir=..., divergence=...)`: fkl, rkl, tvd; specdec/training/distill.py).
 
-`train` runs `python -m specdec.train` per run into runs/distill/<run> (checkpoints, logs, export).
+`train` runs `python -m specdec.training.train` per run into runs/distill/<run> (checkpoints, logs, export).
 `evaluate` measures, for each finished run and for the shipped drafters it started from, α against the shipped
 target on the first `--max_examples` test examples of both local tasks, greedy and at temperature 1
 (`scripts/evaluate_family.acceptance`: α = mean Σ min(p, q) over verified positions), and writes
@@ -80,7 +80,7 @@ def train_command(name: str) -> list:
   gin_file, init, data, divergence, steps, matching, family = RUNS[name]
   teacher, data_dir = FAMILIES[family]['target'], FAMILIES[family]['data'][data]
   run_dir = os.path.join(RUNS_DIR, name)
-  cmd = ['python', '-m', 'specdec.train', f'--gin_file={gin_file}',
+  cmd = ['python', '-m', 'specdec.training.train', f'--gin_file={gin_file}',
          f"--gin.MODEL_DIR='{run_dir}'", f"--gin.EXPORT_DIR='{run_dir}/export'",
          f"--gin.train_config.InitConfig.init_from_dir='{init}'",
          f"--gin.train_config.DataConfig.corpus_dir='{data_dir}'",
@@ -221,7 +221,7 @@ def ship(name: str, model_name: str, results: str) -> int:
   card = f"""# Model card: {model_name} (distilled drafter)
 
 - What: a drafter trained to predict the target `{teacher}` for speculative decoding (scripts/distill_drafters.py,
-  run `{name}`): loss {t.get('divergence') or 'cross-entropy on the data'} (specdec/distill.py) to the target at
+  run `{name}`): loss {t.get('divergence') or 'cross-entropy on the data'} (specdec/training/distill.py) to the target at
   every position{', weight ' + str(t.get('distill_weight')) if t.get('teacher_dir') else ''}, on
   `{t['corpus_dir']}`, starting from `{t.get('init_from_dir')}`{' (the parameters it shares: train.init_matching_only)' if RUNS[name][5] else ''}.
 - Data: {data_text};

@@ -57,7 +57,7 @@ def candidate_config(emb, heads, enc_layers, dec_layers, mlp) -> network.T5Confi
 
 def train_step_seconds(config, repeats: int) -> float:
   """Median seconds of one Adafactor step on a full batch of 32 x (96, 48) tokens."""
-  from specdec import train  # pylint: disable=g-import-not-at-top
+  from specdec.training import train  # pylint: disable=g-import-not-at-top
   module = network.Transformer(config)
   params = network.init_params(config, jax.random.PRNGKey(0))
   opt = optax.adafactor(learning_rate=1e-3, multiply_by_parameter_scale=True)

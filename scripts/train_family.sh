@@ -15,7 +15,7 @@ for name in "${names[@]}"; do
     echo "== $name: already exported to $OUT_DIR/$name (FORCE=1 to retrain)"; continue
   fi
   echo "== $name: $gin_file -> $RUNS_DIR/$name, export $OUT_DIR/$name"
-  python -m specdec.train --gin_file="$gin_file" --gin.MODEL_DIR="'$RUNS_DIR/$name'" \
+  python -m specdec.training.train --gin_file="$gin_file" --gin.MODEL_DIR="'$RUNS_DIR/$name'" \
     --gin.EXPORT_DIR="'$OUT_DIR/$name.partial'" 2>&1 | grep --line-buffered -v '^[IWE]0000\|^WARNING'
   # Only a run that reached its num_steps counts as exported.
   if python - "$OUT_DIR/$name.partial" "$gin_file" <<'PY'

@@ -26,7 +26,7 @@ def main(argv=None) -> dict:
   parser.add_argument('--headroom', type=float, default=plan.HEADROOM)
   parser.add_argument('--microbatches', type=int, nargs='+', default=[1, 2, 4],
                       help='gradient-accumulation counts to tabulate (1: what '
-                           'specdec.train does)')
+                           'specdec.training.train does)')
   args = parser.parse_args(argv)
   report = plan.build_report(
       command=' '.join(['python scripts/xxl_training_plan.py'] + list(

@@ -3,7 +3,8 @@
 A command-line binding that would change nothing is an error, not a silent no-op: a macro no gin file references
 (`--gin.GAMA=3` for GAMMA), an unknown configurable or parameter. Each such error, and a macro left unset, is one
 line (`GinConfigError`) naming the binding and the closest known name, or, for a renamed parameter, its new name.
-A configurable that moved (`MOVED_CONFIGURABLES`), named in a gin file or a binding, is one line naming its new name.
+A configurable that moved (`MOVED_CONFIGURABLES`), named in a gin file or a binding, is one line naming its new name;
+so is a module that moved into a sub-package (`MOVED_MODULES`), imported by a gin file.
 `macro_values` reads the macros gin files use, with their values (the launcher's --help).
 """
 
@@ -21,6 +22,11 @@ REPO_GIN_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 # Configurables that moved to another module, {former selector: selector now}. gin alone says only that it cannot
 # resolve the former name (with a traceback); configs written before the move are told where it went.
 MOVED_CONFIGURABLES = {'benchmark.Setting': 'settings.Setting'}
+# Modules that moved into a sub-package: a gin file importing the old path is one line naming the new one.
+MOVED_MODULES = {f'specdec.{name}': f'specdec.{package}.{name}'
+                 for package, names in (('data', ('corpora', 'parallel_sources', 'distill_pool', 'self_training')),
+                                        ('training', ('train', 'train_config', 'feature_training', 'distill')))
+                 for name in names}
 
 
 def split_gin_args(argv: Sequence[str]) -> Tuple[List[str], List[str], List[str]]:
@@ -158,6 +164,18 @@ def _moved_message(error_text: str) -> Optional[str]:
   return f'{where}{former} is now {now} (from specdec import {module}; then {now}.NAME = VALUE, @{now}()).'
 
 
+def _moved_module_message(error_text: str) -> Optional[str]:
+  """gin's error about a module it could not import, as one line naming the new path, if the module moved."""
+  missing = re.search(r"No module named '([\w.]+)'", error_text)
+  now = missing and MOVED_MODULES.get(missing.group(1))
+  if not now:
+    return None
+  where = re.search(r'In file "([^"]+)", line (\d+)', error_text)
+  where = f'{where.group(1)}, line {where.group(2)}: ' if where else ''
+  package, name = now.rsplit('.', 1)
+  return f'{where}{missing.group(1)} is now {now} (from {package} import {name}).'
+
+
 def _explain_binding_error(binding: str, error: Exception) -> str:
   """gin's error for one command-line binding, as one line with the closest known name."""
   text = error.args[0] if isinstance(error, tokenize.TokenError) and error.args else str(error)
@@ -216,6 +234,11 @@ def _parse_files(files: Sequence[str]) -> None:
       raise FileNotFoundError(f'gin file not found: {f} (also looked in {REPO_GIN_DIR}).')
   try:
     gin.parse_config_files_and_bindings(resolved, [], finalize_config=False)
+  except ModuleNotFoundError as e:
+    moved = _moved_module_message(str(e))
+    if not moved:
+      raise
+    raise GinConfigError(moved) from None
   except (AttributeError, ValueError) as e:
     moved = _moved_message(str(e))
     if not moved:

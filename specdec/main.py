@@ -355,7 +355,7 @@ USAGE_EXIT, FAILURE_EXIT = 2, 1
 USAGE_ERRORS = (UsageError, gin_utils.GinConfigError, run_config.ConfigError, fingerprint.ResumeRefused)
 GIN_FOLDERS = (('models', 'target/drafter networks and checkpoints'), ('tasks', 'seqio tasks and their lengths'),
                ('experiments', 'runs of this launcher (main_job.gin is the default)'),
-               ('train', 'training runs (specdec.train, not this launcher)'))
+               ('train', 'training runs (specdec.training.train, not this launcher)'))
 USAGE = ('usage: python -m specdec.main [--gin_file=PATH ...] [--gin.NAME=VALUE ...] [--multihost] [--debug] '
          '[-h | --help]')
 

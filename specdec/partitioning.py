@@ -12,7 +12,7 @@ caches by leaf name (`network.CACHE_LOGICAL_AXES`: batch, length, heads, kv),
 batch features ('batch', 'length'), outputs 'batch' first. The rules map
 names to mesh axes (batch -> data; vocab, mlp, heads, joined_kv -> model).
 Sharded decoding (specdec/sharded_decoding.py) and training
-(specdec/train.py) lay their arrays out with these; specdec/memory.py
+(specdec/training/train.py) lay their arrays out with these; specdec/memory.py
 counts the bytes a layout puts on each device.
 
 Non-divisible dimensions: a dimension whose size is not a multiple of the

@@ -8,7 +8,7 @@ docs/cloud_tpu.md launches two kinds of run; each is read here through the code 
   `benchmark.sharded_decoders`, lowered by `ShardedPredictor.lower_shapes` for ShapeDtypeStructs of the
   params in the run's dtype and the largest batch the run makes (`evaluation.batches`: batch_size rows,
   the longest input bucket, all target positions);
-* a fine-tune (`python -m specdec.train --gin_file=train/table2/<run>.gin`): `train.parse_config`, the state
+* a fine-tune (`python -m specdec.training.train --gin_file=train/table2/<run>.gin`): `train.parse_config`, the state
   laid out by `train.lay_out` (Adafactor's factored moments included) and the step `train.jit_train_step`
   compiles, lowered for a batch of `batch_size` packed rows.
 
@@ -75,7 +75,7 @@ def decode_batch_shapes(batch_size: int, lengths: Mapping[str, int]) -> Dict[str
 
 def train_batch_shapes(batch_size: int, lengths: Mapping[str, int]) -> Dict[str, jax.ShapeDtypeStruct]:
   """A packed seqio EncDecFeatureConverter batch of `train.BATCH_KEYS`, int32, [batch_size, length]."""
-  from specdec import train  # pylint: disable=g-import-not-at-top
+  from specdec.training import train  # pylint: disable=g-import-not-at-top
   shapes = {}
   for key in train.BATCH_KEYS:
     length = lengths['inputs'] if key.startswith('encoder') else lengths['targets']
@@ -222,13 +222,13 @@ def lower_decode_step(predictor, role: str, params: PyTree, batch: Mapping[str, 
 
 
 # ------------------------------------------------------------------------------------------------------------
-# Fine-tunes (specdec.train).
+# Fine-tunes (specdec.training.train).
 # ------------------------------------------------------------------------------------------------------------
 
 
 def read_train_config(gin_file: str, bindings: Sequence[str] = ()):
-  """A fine-tune's `TrainConfig`, read as `python -m specdec.train --gin_file=...` reads it."""
-  from specdec import train  # pylint: disable=g-import-not-at-top
+  """A fine-tune's `TrainConfig`, read as `python -m specdec.training.train --gin_file=...` reads it."""
+  from specdec.training import train  # pylint: disable=g-import-not-at-top
   gin.clear_config()
   return train.parse_config([f'--gin_file={gin_file}', f"--gin.MODEL_DIR='{ABSTRACT_DIR}'", *bindings])
 
@@ -236,7 +236,7 @@ def read_train_config(gin_file: str, bindings: Sequence[str] = ()):
 def train_program(gin_file: str, mesh_of: Callable[[int], Any], name: Optional[str] = None,
                   bindings: Sequence[str] = ()) -> Program:
   """The fine-tune's train step (params, gradients, Adafactor state on its mesh), lowered on demand."""
-  from specdec import train  # pylint: disable=g-import-not-at-top
+  from specdec.training import train  # pylint: disable=g-import-not-at-top
   config = read_train_config(gin_file, bindings)
   partition, data = config.partitioning, config.data
   mesh = mesh_of(partition.num_partitions)

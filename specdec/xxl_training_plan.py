@@ -15,7 +15,7 @@ refuses a param dimension the mesh does not divide). Per chip, the step's
 peak is counted as:
 
   params       float32 (T5X keeps float32 params and computes in bfloat16)
-  optimizer    Adafactor's state (optax.adafactor as specdec.train makes
+  optimizer    Adafactor's state (optax.adafactor as specdec.training.train makes
                it): factored second moments, one row and one column vector
                per matrix, full for vectors and matrices narrower than 128;
                counted replicated, an upper bound (~0.05% of XXL's params)
@@ -39,7 +39,7 @@ by up to 79%. Gradient accumulation (`microbatches` > 1) does hold a whole
 float32 gradient buffer across microbatches, and it is added.
 
 A layout fits when headroom x total <= 32 GiB of HBM per v4 chip (headroom
-1.2: XLA temporaries, fragmentation, the transient update tree). specdec.train
+1.2: XLA temporaries, fragmentation, the transient update tree). specdec.training.train
 has no gradient accumulation, so the whole per-replica batch (batch / data
 rows) is live at once; `microbatches` > 1 shows what accumulation would buy (T5X's
 Trainer.num_microbatches; one more gradient buffer).
@@ -220,7 +220,7 @@ def activation_bytes(config: network.T5Config, axis_sizes: Mapping[str, int],
 
 @functools.lru_cache(maxsize=None)
 def optimizer_state_bytes(config: network.T5Config) -> int:
-  """Adafactor's state for `config`, one copy (as specdec.train's optimizer)."""
+  """Adafactor's state for `config`, one copy (as specdec.training.train's optimizer)."""
   opt = optax.adafactor(learning_rate=1e-3, multiply_by_parameter_scale=True)
   state = jax.eval_shape(opt.init, memory.abstract_params(config))
   return memory.total_bytes(state)
@@ -257,7 +257,7 @@ def trainer_accepts(config: network.T5Config, data: int, model: int,
                     param_dims: int) -> bool:
   """Whether every param dimension divides over its mesh axes.
 
-  specdec.train refuses a mesh that does not (decoding would replicate the
+  specdec.training.train refuses a mesh that does not (decoding would replicate the
   dimension instead), e.g. T5-small's 6 heads on model = 4.
   """
   sizes = {'data': data, 'model': model}
@@ -386,7 +386,7 @@ def _accumulation_table(report: dict) -> list:
   counts = sorted({int(k) for r in report['runs'] for k in r['smallest_fit_accumulating']})
   if not counts:
     return []
-  lines = ['', '## With gradient accumulation (not in specdec.train)', '',
+  lines = ['', '## With gradient accumulation (not in specdec.training.train)', '',
            'The smallest fitting slice if each step were split into k microbatches (T5X\'s '
            '`Trainer.num_microbatches`; one more float32 gradient buffer):', '',
            '| run | ' + ' | '.join(f'k = {k}' for k in counts) + ' |',
@@ -436,7 +436,7 @@ def render_markdown(report: dict) -> str:
       f'as T5X pins them) and {CODE_GIB:g} GiB of generated code. Float32 gradients and bf16 kernel casts are '
       'made and consumed layer by layer, not held whole at the peak (XLA\'s TPU compiler, '
       'results/tpu_compile/v4-128.md): shown, not added. See the script\'s docstring.',
-      f'- fits: {s["headroom"]} x total <= {s["hbm_gib"]} GiB HBM per v4 chip; specdec.train keeps '
+      f'- fits: {s["headroom"]} x total <= {s["hbm_gib"]} GiB HBM per v4 chip; specdec.training.train keeps '
       'a whole per-replica batch live (no gradient accumulation).',
       '- The drafters get 2 rows per chip on 64 chips, too little work to reach the XXL runs\' MFU: '
       'their wall hours are a lower bound (minutes either way).',
@@ -463,7 +463,7 @@ def build_report(command: str, mfu: float = MFU, headroom: float = HEADROOM,
   """The plan's report: settings, every run's summary and its layouts.
 
   `microbatches`: gradient-accumulation counts to tabulate (1: what
-  specdec.train does). `command` is the command line that made the report.
+  specdec.training.train does). `command` is the command line that made the report.
   """
   report = {
       'command': command,
@@ -478,6 +478,6 @@ def build_report(command: str, mfu: float = MFU, headroom: float = HEADROOM,
     layouts = plan_layouts(run, config, slices, (1, 2),
                            sorted({1, *microbatches}), headroom=headroom)
     report['runs'].append(run_summary(run, mfu, layouts))
-    # Every layout as specdec.train runs it; accumulation only as the runs' smallest fits.
+    # Every layout as specdec.training.train runs it; accumulation only as the runs' smallest fits.
     report['layouts'][run.name] = [r for r in layouts if r['microbatches'] == 1]
   return report

@@ -29,7 +29,7 @@ def _run_dir(tmp_path, name='run'):
          {'kind': 'eval', 'step': 600, 'eval_loss': 3.4, 'specdec_ende_local/bleu': 13.5,
           'specdec_summarize_local/rouge1': 21.5}]
   (run / 'train_log.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in log))
-  (run / 'runs.jsonl').write_text(json.dumps({'command': 'python -m specdec.train', 'from_step': 0, 'to_step': 600,
+  (run / 'runs.jsonl').write_text(json.dumps({'command': 'python -m specdec.training.train', 'from_step': 0, 'to_step': 600,
                                               'minutes': 30.0}) + '\n')
   return run
 
@@ -66,7 +66,7 @@ def test_tables_and_card_hold_each_targets_figures(tmp_path):
       'config': {'emb_dim': 384, 'dropout_rate': 0.1}, 'storage_dtype': 'bfloat16',
       'train': {'step': 600, 'minutes': 30.0, 'init_from_dir': 'models/cpu_v2/target', 'corpus_dir': 'data/c',
                 'mixture_or_task_name': 'specdec_local_mix',
-                'runs': [{'command': 'python -m specdec.train', 'from_step': 0, 'to_step': 600, 'minutes': 30.0}]}}))
+                'runs': [{'command': 'python -m specdec.training.train', 'from_step': 0, 'to_step': 600, 'minutes': 30.0}]}}))
   results = {'v2': _result('models/cpu_v2/target', 3.11, 11.2), 'v3': _result(str(target), 2.95, 13.9)}
   args, _ = compare_targets.parse_args(['--targets', f'v3={target}', '--out', str(tmp_path / 'o')])
   table = compare_targets.compare_markdown(results, args, 'header')

@@ -123,7 +123,7 @@ def test_ids_round_trip_as_a_json_list(tmp_path):
 
 
 def test_load_ids_matches_what_feature_training_reads(tmp_path):
-  from specdec import feature_training  # pylint: disable=g-import-not-at-top
+  from specdec.training import feature_training  # pylint: disable=g-import-not-at-top
   path = str(tmp_path / 'top4.json')
   draft_vocab.save_ids(path, draft_vocab.top_ids(np.array([0, 1, 5, 0, 2, 7]), 4))
   np.testing.assert_array_equal(feature_training.read_draft_vocab(path, 6), draft_vocab.load_ids(path, 6))

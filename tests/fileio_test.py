@@ -26,7 +26,7 @@ from specdec import loading
 from specdec import network
 from specdec import ngram
 from specdec import t5x_checkpoint
-from specdec import train
+from specdec.training import train
 
 CFG = network.t5_1_1_config('tiny', vocab_size=64)
 

@@ -19,8 +19,8 @@ from specdec import run_config
 from specdec import settings
 from specdec import tables
 from specdec import tasks
-from specdec import train
-from specdec import train_config
+from specdec.training import train
+from specdec.training import train_config
 
 GIN_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'gin')
 

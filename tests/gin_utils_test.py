@@ -229,6 +229,19 @@ class TestBindingsThatWouldChangeNothing:
     (tmp_path / 'row.gin').write_text(f"include '{tmp_path / 'old.gin'}'\n")
     assert self._error(files=[str(tmp_path / 'row.gin')]).startswith(f"{tmp_path / 'old.gin'}, line 3: ")
 
+  @pytest.mark.parametrize('name, package', [('train_config', 'specdec.training'), ('corpora', 'specdec.data')])
+  def test_a_gin_file_importing_a_moved_module_names_its_new_path(self, tmp_path, name, package):
+    path = tmp_path / 'old.gin'
+    path.write_text(f'from __gin__ import dynamic_registration\nfrom specdec import {name}\n')
+    assert self._error(files=[str(path)]) == (f'{path}, line 2: specdec.{name} is now {package}.{name} '
+                                              f'(from {package} import {name}).')
+
+  def test_a_missing_module_that_did_not_move_is_gins_own_error(self, tmp_path):
+    path = tmp_path / 'typo.gin'
+    path.write_text('from __gin__ import dynamic_registration\nfrom specdec import no_such_module\n')
+    with pytest.raises(ModuleNotFoundError, match='no_such_module'):
+      gin_utils.parse([str(path)], [])
+
   def test_train_bindings_are_checked_too(self):
     message = self._error('train_config.TrainConfig.num_stepz = 3', files=['train/cpu_target.gin'])
     assert message.endswith('(did you mean num_steps?).')

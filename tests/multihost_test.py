@@ -30,6 +30,7 @@ import pickle
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import jax
@@ -41,7 +42,7 @@ from tests import multihost_worker as worker
 from specdec import checkpoints
 from specdec import network
 from specdec import tasks
-from specdec import train
+from specdec.training import train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A sitecustomize that records what a process writes under a directory.
@@ -229,7 +230,9 @@ def runs(tmp_path_factory):
     fcntl.flock(lock, fcntl.LOCK_EX)  # a second worker waits here for the first one's run
     saved = shared / 'runs.pickle'
     if not saved.exists():
-      runs = _run_all(str(shared))  # a worker that dies here leaves no file: the next one runs it again
+      # A worker that dies here leaves no runs.pickle: the next one runs it again, in a folder of its own (the
+      # dead run's half-written outputs, appended records among them, would otherwise be read as this run's).
+      runs = _run_all(tempfile.mkdtemp(prefix='run-', dir=shared))
       partial = shared / 'runs.pickle.partial'
       with open(partial, 'wb') as f:
         pickle.dump(runs, f)

@@ -33,8 +33,8 @@ from specdec import models
 from specdec import network
 from specdec import partitioning
 from specdec import sharded_decoding
-from specdec import train
-from specdec import train_config
+from specdec.training import train
+from specdec.training import train_config
 
 VOCAB = 64
 EOS = 1

@@ -42,7 +42,7 @@ from specdec import checkpoints
 from specdec import network
 from specdec import t5x_checkpoint
 from specdec import tasks
-from specdec import train
+from specdec.training import train
 
 NUM_DEVICES = 8
 CHILD_XLA_FLAGS = (f'--xla_force_host_platform_device_count={NUM_DEVICES} '

@@ -540,7 +540,7 @@ def test_evaluate_family_keeps_a_card_another_tool_wrote(tmp_path):
 def test_evaluate_family_counts_a_continued_models_steps_over_its_runs():
   import evaluate_family  # pylint: disable=g-import-not-at-top
   assert evaluate_family.train_steps({'step': 2650}) == '2650'
-  run = lambda a, b: {'command': 'python -m specdec.train', 'from_step': a, 'to_step': b, 'minutes': 1.0}
+  run = lambda a, b: {'command': 'python -m specdec.training.train', 'from_step': a, 'to_step': b, 'minutes': 1.0}
   first = {'step': 1060, 'runs': [run(0, 1060)]}
   continued = {'step': 1890, 'runs': [run(0, 1890)], 'init_train': first, 'init_from_dir': 'models/cpu_v3/target'}
   first['init_from_dir'] = 'models/cpu_v2/target'

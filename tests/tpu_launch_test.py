@@ -472,7 +472,7 @@ class TestTrainEntry:
     lines = _dry_run(TRAIN_FLAGS + [f'--gin_dir={gin_dir}', '--skip_create', '--skip_install',
                                     '--env=TFDS_DATA_DIR=gs://bucket/tfds'])
     assert _remote(lines[-1])[-1] == [
-        'env', 'TFDS_DATA_DIR=gs://bucket/tfds', 'python', '-m', 'specdec.train', '--multihost',
+        'env', 'TFDS_DATA_DIR=gs://bucket/tfds', 'python', '-m', 'specdec.training.train', '--multihost',
         '--gin_file=train/table2/xxl_ende.gin', "--gin.MODEL_DIR='gs://bucket/finetune/xxl_ende'"]
 
   def test_main_stays_the_default(self, gin_dir):
@@ -498,7 +498,7 @@ class TestTrainEntry:
     assert result.returncode == 0, result.stderr
     python = cloud.worker_calls()[-1]
     assert python['prog'] == 'python'
-    assert python['argv'] == ['-m', 'specdec.train', '--multihost',
+    assert python['argv'] == ['-m', 'specdec.training.train', '--multihost',
                               '--gin_file=train/table2/xxl_ende.gin',
                               "--gin.MODEL_DIR='gs://bucket/finetune/xxl_ende'"]
 
@@ -521,7 +521,7 @@ def _script_dry_run(script, args):
 
 def _trainer_runs(lines):
   return [_remote(a)[-1] for a in lines
-          if _kind(a) == 'ssh' and 'specdec.train' in _flag(a, 'command')]
+          if _kind(a) == 'ssh' and 'specdec.training.train' in _flag(a, 'command')]
 
 
 class TestFinetuneTable2:
@@ -534,7 +534,7 @@ class TestFinetuneTable2:
     runs = _trainer_runs(lines)
     assert [r[6] for r in runs] == [f'--gin_file=train/table2/{n}.gin' for n in FINETUNE_RUNS]
     for run, name in zip(runs, FINETUNE_RUNS):
-      assert run[:5] == ['env', 'TFDS_DATA_DIR=gs://bucket/tfds', 'python', '-m', 'specdec.train']
+      assert run[:5] == ['env', 'TFDS_DATA_DIR=gs://bucket/tfds', 'python', '-m', 'specdec.training.train']
       assert run[7] == f"--gin.MODEL_DIR='gs://bucket/finetune/{name}'"
     # One slice for all eight, a v4-128 by default: created and installed once, deleted at the end.
     kinds = [_kind(a) for a in lines]

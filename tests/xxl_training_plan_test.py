@@ -7,7 +7,7 @@ import pytest
 from specdec import gin_utils
 from specdec import network
 from specdec import partitioning
-from specdec import train_config
+from specdec.training import train_config
 from specdec import xxl_training_plan as plan
 
 GIB = 2 ** 30

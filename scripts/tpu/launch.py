@@ -28,7 +28,7 @@ and runs nothing):
      (a multi-host slice runs one JAX process per worker; `--multihost` makes
      specdec.main call `jax.distributed.initialize()`), with `--output_dir`
      bound to the gin macro OUTPUT_DIR. `--entry=train` runs the trainer
-     instead, `python -m specdec.train --multihost ...`, with `--output_dir`
+     instead, `python -m specdec.training.train --multihost ...`, with `--output_dir`
      bound to MODEL_DIR (its checkpoints, logs and evaluations).
   5. with `--delete_after`: delete the TPU VM, also when an earlier step failed
      (an idle slice still costs money).
@@ -75,7 +75,7 @@ TPU_NAME_RE = re.compile(r'^[a-z]([-a-z0-9]*[a-z0-9])?$')
 GIN_NAME_RE = re.compile(r'^[A-Za-z_][\w./]*$')
 # --entry: the module every worker runs, and the gin macro --output_dir binds.
 ENTRIES = {'main': ('specdec.main', 'OUTPUT_DIR'),
-           'train': ('specdec.train', 'MODEL_DIR')}
+           'train': ('specdec.training.train', 'MODEL_DIR')}
 ENV_NAME_RE = re.compile(r'^[A-Za-z_]\w*$')
 
 
@@ -112,7 +112,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
   what = parser.add_argument_group('what')
   what.add_argument('--entry', choices=sorted(ENTRIES), default='main',
                     help='main: python -m specdec.main (decoding, benchmarks); '
-                         'train: python -m specdec.train (fine-tuning).')
+                         'train: python -m specdec.training.train (fine-tuning).')
   what.add_argument('--gin_file', action='append', required=True,
                     help='Gin file relative to --gin_dir (repeatable).')
   what.add_argument('--gin', action='append', default=[], metavar='NAME=VALUE',

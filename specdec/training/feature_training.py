@@ -40,8 +40,8 @@ from specdec import fileio
 from specdec import models
 from specdec import network
 from specdec import partitioning
-from specdec import train
-from specdec import train_config
+from specdec.training import train
+from specdec.training import train_config
 
 PyTree = Any
 
@@ -75,7 +75,7 @@ def read_draft_vocab(path: Optional[str], vocab_size: int) -> Optional[np.ndarra
 class FeatureHeadTrainer(train.Trainer):
   """The trainer for a feature head: see the module docstring."""
 
-  COMMAND = 'python -m specdec.feature_training'
+  COMMAND = 'python -m specdec.training.feature_training'
 
   def __init__(self, config: train_config.TrainConfig):
     section = config.feature_head
@@ -296,24 +296,24 @@ def model_card(config: feature_drafter.FeatureHeadConfig, params: PyTree,
 
 
 def main(argv=None):
-  """`python -m specdec.feature_training --gin_file=... --gin.NAME=VALUE ...`.
+  """`python -m specdec.training.feature_training --gin_file=... --gin.NAME=VALUE ...`.
 
-  The gin files are the trainer's (`python -m specdec.train`), with
+  The gin files are the trainer's (`python -m specdec.training.train`), with
   train_config.FeatureHeadTrainConfig.target_dir bound (gin/train/feature_head.gin).
   """
-  config = train.parse_config(sys.argv[1:] if argv is None else argv, 'specdec.feature_training')
+  config = train.parse_config(sys.argv[1:] if argv is None else argv, 'specdec.training.feature_training')
   if not config.feature_head.target_dir:
-    raise SystemExit('specdec.feature_training: bind train_config.FeatureHeadTrainConfig.'
+    raise SystemExit('specdec.training.feature_training: bind train_config.FeatureHeadTrainConfig.'
                      'target_dir (the frozen target); a T5 network trains with '
-                     'python -m specdec.train.')
+                     'python -m specdec.training.train.')
   try:
     trainer = FeatureHeadTrainer(config)
   except (ValueError, FileNotFoundError) as e:
-    raise SystemExit(f'specdec.feature_training: {e}') from None
+    raise SystemExit(f'specdec.training.feature_training: {e}') from None
   trainer.run()
 
 
 if __name__ == '__main__':
-  # Gin binds the optimizer functions of `specdec.train` and this module's, not `__main__`'s.
-  from specdec import feature_training as feature_training_module  # pylint: disable=g-import-not-at-top
+  # Gin binds the optimizer functions of `specdec.training.train` and this module's, not `__main__`'s.
+  from specdec.training import feature_training as feature_training_module  # pylint: disable=g-import-not-at-top
   feature_training_module.main()

@@ -1,7 +1,7 @@
 """Training T5 1.1 networks on seqio tasks (gin-configured, resumable, sharded).
 
-  python -m specdec.train --gin_file=train/cpu_target.gin --gin.MODEL_DIR="'runs/target'"
-  python -m specdec.train --multihost --gin_file=... \
+  python -m specdec.training.train --gin_file=train/cpu_target.gin --gin.MODEL_DIR="'runs/target'"
+  python -m specdec.training.train --multihost --gin_file=... \
       --gin.train_config.PartitioningConfig.num_partitions=8   (TPU pod slice)
 
 A run is a `train_config.TrainConfig` (gin-configured; `train(model_dir,
@@ -32,7 +32,7 @@ tokens/s and ETA.
 each device reading only its slices of each array, with a fresh optimizer.
 With `teacher_dir` set, the student is distilled from the teacher's
 distribution: loss = (1 - w) CE + w D(teacher, student), D one of
-specdec/distill.py's divergences (`divergence`: fkl, rkl, tvd, greedy_ce).
+specdec/training/distill.py's divergences (`divergence`: fkl, rkl, tvd, greedy_ce).
 At the end the params are exported in the compact format (checkpoints.py).
 MODEL_DIR, `export_dir`, `init_from_dir` and `teacher_dir` may be gs:// paths
 (Cloud TPU): logs, run records and exports go through specdec/fileio.py
@@ -62,7 +62,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from specdec import checkpoints
 from specdec import decoding
-from specdec import distill
+from specdec.training import distill
 from specdec import evaluation
 from specdec import fileio
 from specdec import gin_utils
@@ -72,7 +72,7 @@ from specdec import network
 from specdec import partitioning
 from specdec import sharded_decoding
 from specdec import tasks  # registers the seqio tasks the gin files train on
-from specdec import train_config
+from specdec.training import train_config
 
 PyTree = Any
 BATCH_KEYS = ('encoder_input_tokens', 'decoder_input_tokens',
@@ -194,7 +194,7 @@ def loss_fn(params, batch, dropout_rng, module, z_loss=1e-4, teacher=None,
   """Mean per-token loss; with a teacher, (1 - w) CE + w D(teacher, student).
 
   D is `distill.token_divergence(divergence, ...)`: 'fkl' KL(teacher || student),
-  'rkl', 'tvd' or 'greedy_ce' (see specdec/distill.py).
+  'rkl', 'tvd' or 'greedy_ce' (see specdec/training/distill.py).
   """
   logits = _apply(module, params, batch, True, {'dropout': dropout_rng})
   weights = batch['decoder_loss_weights'].astype(jnp.float32)
@@ -512,7 +512,7 @@ class Trainer:
   config.num_steps (or max_minutes), evaluates, and exports.
   """
 
-  COMMAND = 'python -m specdec.train'  # what run records say made a run
+  COMMAND = 'python -m specdec.training.train'  # what run records say made a run
 
   def __init__(self, config: train_config.TrainConfig):
     self.config = config
@@ -853,7 +853,7 @@ def _standard_save(state):
   return ocp.args.StandardSave(state)
 
 
-def parse_config(argv, program: str = 'specdec.train') -> train_config.TrainConfig:
+def parse_config(argv, program: str = 'specdec.training.train') -> train_config.TrainConfig:
   """The TrainConfig of a command line (`--gin_file=... --gin.NAME=VALUE [--multihost]`).
 
   `--multihost` initialises multi-host JAX first (`partitioning.initialize_multihost`:
@@ -883,15 +883,15 @@ def parse_config(argv, program: str = 'specdec.train') -> train_config.TrainConf
 
 
 def main(argv=None):
-  """`python -m specdec.train [--multihost] --gin_file=... --gin.NAME=VALUE ...` (see `parse_config`)."""
+  """`python -m specdec.training.train [--multihost] --gin_file=... --gin.NAME=VALUE ...` (see `parse_config`)."""
   config = parse_config(sys.argv[1:] if argv is None else argv)
   if config.feature_head.target_dir:
-    raise SystemExit('specdec.train: feature_head.target_dir is bound: a feature head trains '
-                     'with python -m specdec.feature_training.')
+    raise SystemExit('specdec.training.train: feature_head.target_dir is bound: a feature head trains '
+                     'with python -m specdec.training.feature_training.')
   Trainer(config).run()
 
 
 if __name__ == '__main__':
-  # Gin binds the optimizer functions of `specdec.train`, not of this `__main__` copy.
-  from specdec import train as train_module  # pylint: disable=g-import-not-at-top
+  # Gin binds the optimizer functions of `specdec.training.train`, not of this `__main__` copy.
+  from specdec.training import train as train_module  # pylint: disable=g-import-not-at-top
   train_module.main()

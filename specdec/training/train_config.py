@@ -6,10 +6,10 @@ trained on, in what batches), `InitConfig` (where the params start),
 `DistillConfig` (a teacher to distil from), `EvalConfig` (periodic
 evaluation), `PartitioningConfig` (the device mesh) and
 `FeatureHeadTrainConfig` (a feature head for a frozen target instead). The optimizer and
-its learning-rate schedule are gin-configurable functions of specdec/train.py
+its learning-rate schedule are gin-configurable functions of specdec/training/train.py
 (`make_optimizer`, `learning_rate_schedule`, `constant_learning_rate`).
 
-Gin files bind the classes of this module (`from specdec import train_config`):
+Gin files bind the classes of this module (`from specdec.training import train_config`):
 
   train_config.TrainConfig.num_steps = 2400
   train_config.DataConfig.batch_size = 32
@@ -96,7 +96,7 @@ class InitConfig:
 class DistillConfig:
   """With `teacher_dir` (a compact model), loss = (1 - w) CE + w D(teacher, student).
 
-  w is `distill_weight`; D is `divergence`, one of specdec/distill.py's
+  w is `distill_weight`; D is `divergence`, one of specdec/training/distill.py's
   (fkl, rkl, tvd, greedy_ce).
   """
   teacher_dir: Optional[str] = None

@@ -1,11 +1,11 @@
-"""Tests for specdec/distill.py: each divergence against a float64 reference, TVD = 1 − α, gradients."""
+"""Tests for specdec/training/distill.py: each divergence against a float64 reference, TVD = 1 − α, gradients."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec import distill
+from specdec.training import distill
 from specdec import theory
 
 

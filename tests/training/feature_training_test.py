@@ -1,4 +1,4 @@
-"""Tests for specdec/feature_training.py: a short feature-head run on the fixture corpus.
+"""Tests for specdec/training/feature_training.py: a short feature-head run on the fixture corpus.
 
 One tiny target (exported to a compact model dir) and one head run of a few
 steps, shared by the tests through module fixtures: it trains, evaluates on
@@ -22,14 +22,14 @@ import pytest
 from specdec import checkpoints
 from specdec import decoding
 from specdec import feature_drafter
-from specdec import feature_training
+from specdec.training import feature_training
 from specdec import models
 from specdec import network
 from specdec import tasks
-from specdec import train
-from specdec import train_config
+from specdec.training import train
+from specdec.training import train_config
 
-FIXTURE_CORPUS = os.path.join(os.path.dirname(__file__), 'testdata', 'tasks', 'corpus')
+FIXTURE_CORPUS = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'testdata', 'tasks', 'corpus')
 TARGET = network.t5_1_1_config('tiny', vocab_size=8192, dropout_rate=0.0)
 LENGTHS = {'inputs': 32, 'targets': 16}
 STEPS = 6
@@ -146,7 +146,7 @@ def test_resumes_where_it_stopped(first_run, target_dir, tmp_path):
   with open(model_dir / 'runs.jsonl') as f:
     runs = [json.loads(line) for line in f]
   assert runs[-1]['from_step'] == 3 and runs[-1]['to_step'] == STEPS
-  assert runs[-1]['command'].startswith('python -m specdec.feature_training')
+  assert runs[-1]['command'].startswith('python -m specdec.training.feature_training')
 
 
 @pytest.mark.parametrize('section, message', [
@@ -163,7 +163,7 @@ def test_bad_settings_fail_before_any_work(tmp_path, target_dir, section, messag
 
 
 def test_the_t5_trainer_points_a_head_config_to_its_command(tmp_path, target_dir):
-  with pytest.raises(SystemExit, match='specdec.feature_training'):
+  with pytest.raises(SystemExit, match='specdec.training.feature_training'):
     train.main(['--gin_file=train/feature_head.gin', f"--gin.MODEL_DIR='{tmp_path}'",
                 f"--gin.train_config.FeatureHeadTrainConfig.target_dir='{target_dir}'"])
 

@@ -1,4 +1,4 @@
-"""Tests for specdec/train_config.py: the config dataclasses, flat settings and gin bindings."""
+"""Tests for specdec/training/train_config.py: the config dataclasses, flat settings and gin bindings."""
 
 import dataclasses
 import glob
@@ -9,7 +9,7 @@ import pytest
 
 from specdec import gin_utils
 from specdec import network
-from specdec import train_config
+from specdec.training import train_config
 
 CFG = network.t5_1_1_config('tiny', vocab_size=8192)
 
@@ -122,12 +122,12 @@ def test_a_misspelt_field_is_refused_by_gin():
 def test_old_bindings():
   assert train_config.old_bindings() == []
   gin.parse_config('\n'.join(['from __gin__ import dynamic_registration',
-                              'from specdec import train',
+                              'from specdec.training import train',
                               'train.train.batch_size = 8']))
   assert train_config.old_bindings() == ['batch_size']
 
 
-GIN_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'gin')
+GIN_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), 'gin')
 TRAIN_FILES = sorted(os.path.relpath(p, GIN_DIR) for p in glob.glob(os.path.join(GIN_DIR, 'train', '**', '*.gin'),
                                                                     recursive=True)
                      if not p.endswith('finetune.gin'))  # the table2 runs' shared base

@@ -1,4 +1,4 @@
-"""Tests for specdec/train.py's model-parallel training and T5X initialisation.
+"""Tests for specdec/training/train.py's model-parallel training and T5X initialisation.
 
 Sharded runs use 8 CPU devices (XLA_FLAGS
 --xla_force_host_platform_device_count=8) in one spawned helper process, as
@@ -43,15 +43,15 @@ from specdec import network
 from specdec import partitioning
 from specdec import t5x_checkpoint
 from specdec import tasks
-from specdec import train
-from specdec import train_config
+from specdec.training import train
+from specdec.training import train_config
 
 NUM_DEVICES = 8
 DEVICE_FLAG = f'--xla_force_host_platform_device_count={NUM_DEVICES}'
 # Unoptimised CPU code generation compiles the 8 runs' programs faster; the
 # one-device reference runs in the same process with the same flags.
 CHILD_XLA_FLAGS = f'{DEVICE_FLAG} --xla_backend_optimization_level=0'
-FIXTURE_CORPUS = os.path.join(os.path.dirname(__file__), 'testdata', 'tasks', 'corpus')
+FIXTURE_CORPUS = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'testdata', 'tasks', 'corpus')
 
 CFG = network.T5Config(vocab_size=8192, emb_dim=32, num_heads=8, head_dim=4,
                        num_encoder_layers=1, num_decoder_layers=1, mlp_dim=64,
@@ -580,7 +580,7 @@ class _Stop(Exception):
 
 
 class TestMainFlags:
-  """`python -m specdec.train` with the new bindings and --multihost, stopped before any compute."""
+  """`python -m specdec.training.train` with the new bindings and --multihost, stopped before any compute."""
 
   def _main(self, tmp_path, monkeypatch, *flags, gin_file='train/cpu_target.gin'):
     import gin  # pylint: disable=g-import-not-at-top
@@ -621,8 +621,8 @@ class TestMainFlags:
     gin_file.write_text('\n'.join([
         "include 'train/cpu_target.gin'",
         'from __gin__ import dynamic_registration',
-        'from specdec import train',
-        'from specdec import train_config',
+        'from specdec.training import train',
+        'from specdec.training import train_config',
         "train.make_optimizer.schedule = 'constant'",
         'train.constant_learning_rate.value = 0.001',
         'train_config.PartitioningConfig.num_partitions = 1',

@@ -1,4 +1,4 @@
-"""Tests for specdec/train.py: short CPU runs of `train.train` (a Trainer) on the fixture corpus.
+"""Tests for specdec/training/train.py: short CPU runs of `train.train` (a Trainer) on the fixture corpus.
 
 The runs use the 'tiny' preset (vocab 8192 for the shipped 8100-id
 vocabulary), fp32, no dropout, feature lengths 32/16 and batches of 4, and a
@@ -33,10 +33,10 @@ import pytest
 from specdec import checkpoints
 from specdec import network
 from specdec import tasks
-from specdec import train
-from specdec import train_config
+from specdec.training import train
+from specdec.training import train_config
 
-TESTDATA = os.path.join(os.path.dirname(__file__), 'testdata', 'tasks')
+TESTDATA = os.path.join(os.path.dirname(os.path.dirname(__file__)), 'testdata', 'tasks')
 FIXTURE_CORPUS = os.path.join(TESTDATA, 'corpus')
 
 CFG = network.t5_1_1_config('tiny', vocab_size=8192, dropout_rate=0.0)
@@ -717,7 +717,7 @@ class TestKilledAndResumed:
     assert (first['from_step'], first['to_step'], first['status']) == (0, 16, 'finished')
     # Written at start, rewritten at each checkpoint: the last one is step 20.
     assert (running['from_step'], running['to_step'], running['status']) == (16, 20, 'running')
-    assert running['minutes'] > 0 and running['command'].startswith('python -m specdec.train')
+    assert running['minutes'] > 0 and running['command'].startswith('python -m specdec.training.train')
 
   def test_resumes_at_the_checkpoint(self, killed_run):
     printed = killed_run['printed']
@@ -883,7 +883,7 @@ class _Stop(Exception):
 
 
 class TestMainWithGin:
-  """`train.main` as `python -m specdec.train` runs it, stopped before any compute.
+  """`train.main` as `python -m specdec.training.train` runs it, stopped before any compute.
 
   The Orbax manager is created right after the optimizer: replacing it with
   one that raises ends the run there, cheaply.
@@ -968,7 +968,7 @@ class TestOldBindings:
     import gin  # pylint: disable=g-import-not-at-top
     gin_file = tmp_path / 'old.gin'
     gin_file.write_text("include 'train/cpu_drafter_d3.gin'\nfrom __gin__ import dynamic_registration\n"
-                        'from specdec import train\ntrain.train.batch_size = 8\n')
+                        'from specdec.training import train\ntrain.train.batch_size = 8\n')
     gin.clear_config()
     try:
       with pytest.raises(SystemExit, match=r'a gin file binds train.train.batch_size; bind '
@@ -1020,7 +1020,7 @@ def test_matching_params_with_nothing_shared_is_an_error(small_params):
 
 
 def test_a_misspelt_binding_is_one_line_and_trains_nothing(tmp_path):
-  with pytest.raises(SystemExit, match="specdec.train: binding 'GAMA = 3'"):
+  with pytest.raises(SystemExit, match="specdec.training.train: binding 'GAMA = 3'"):
     train.main(['--gin_file=train/cpu_drafter_d2.gin', f"--gin.MODEL_DIR='{tmp_path}/m'", '--gin.GAMA=3'])
   assert not os.path.exists(tmp_path / 'm')
 
@@ -1074,7 +1074,7 @@ def test_bad_task_rates_are_one_line_errors_before_any_work(tmp_path, settings, 
   assert not os.path.exists(tmp_path / 'm')
 
 
-GIN_TRAIN_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'gin', 'train')
+GIN_TRAIN_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), 'gin', 'train')
 
 
 @pytest.mark.parametrize('gin_file', sorted(f for f in os.listdir(GIN_TRAIN_DIR) if f.endswith('.gin')))
