@@ -39,7 +39,7 @@ setuptools.setup(
         # 3.12 and newer pip takes the CUDA build either way). jax[tpu] brings libtpu at the jax version pip picks:
         # the tests compile programs for named Cloud TPU slices with XLA's TPU compiler, on the CPU.
         'test': ['pytest', 'pytest-xdist', 'scipy', 'torch==2.13.0', 'transformers>=5.24', 'jax[tpu]'],
-        # The peer benchmark (specdec/peers.py, scripts/peer_benchmark.py): Hugging Face generate on the same weights.
+        # The peer benchmark (specdec/bench/peers.py, scripts/peer_benchmark.py): Hugging Face generate on the same weights.
         'peers': ['torch==2.13.0', 'transformers>=5.24'],
     },
     entry_points={

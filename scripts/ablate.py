@@ -3,7 +3,7 @@
   python scripts/ablate.py gamma   --drafters d1 d3 bigram --gammas 1 2 3 4 5 6 7 8 9 10 --out results/ablate_gamma
   python scripts/ablate.py drafter --drafters unigram bigram d3 d2 d1 --temperatures 0 1 --out results/ablate_drafter
 
-Each (drafter, task, temperature, γ) is one `specdec.benchmark.run` (baseline and speculative in the same run)
+Each (drafter, task, temperature, γ) is one `specdec.bench.benchmark.run` (baseline and speculative in the same run)
 in its own directory under OUT/runs/; a finished run (benchmark.json present) is skipped and an interrupted one
 resumes, so re-running the command continues where it stopped. A run directory is resumed or kept only if it was
 made by the same configuration (its fingerprint.json: checkpoints and their contents, task, γ, temperature, lengths,
@@ -27,15 +27,15 @@ from specdec import import_order  # pylint: disable=g-import-not-at-top,wrong-im
 
 import_order.import_tensorflow_quietly()  # before the modules below import seqio, and with it TF
 
-from specdec import benchmark  # pylint: disable=g-import-not-at-top,wrong-import-position
+from specdec.bench import benchmark  # pylint: disable=g-import-not-at-top,wrong-import-position
 from specdec import fileio
 from specdec import fingerprint
 from specdec import loading
-from specdec import plots
-from specdec import profiling
-from specdec import reporting
+from specdec.bench import plots
+from specdec.bench import profiling
+from specdec.bench import reporting
 from specdec import settings
-from specdec import tables
+from specdec.bench import tables
 from specdec import tasks
 from specdec import theory
 

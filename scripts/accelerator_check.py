@@ -9,7 +9,7 @@ verify-cost curve (k = 1..16 tokens a call, batch 1 and 8), c of the paper's dra
 of a feature head of the target's width and of the n-gram tables, isolated and inside the loop; the ceiling
 (the oracle drafter of controlled acceptance on the largest target's own greedy decodes, α* × γ, batch 1,
 interleaved with the baseline) beside Thm 3.8 and beside the same decodes paying a T5-small drafter's measured
-cost; and the loop's test files (decoding, sampling, models) on this backend (`specdec/accelerator.py`).
+cost; and the loop's test files (decoding, sampling, models) on this backend (`specdec/bench/accelerator.py`).
 
 Writes <out>/<backend>_<device kind>/report.{md,json,png} after every part and prints the device, the jax
 version and a summary line. One budget (--budget_s) covers the whole run; a shape that does not fit the device's
@@ -42,11 +42,11 @@ _before_jax(sys.argv[1:])
 
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-from specdec import accelerator  # pylint: disable=g-import-not-at-top,wrong-import-position
-from specdec import accelerator_report
+from specdec.bench import accelerator  # pylint: disable=g-import-not-at-top,wrong-import-position
+from specdec.bench import accelerator_report
 from specdec import fileio
-from specdec import plots
-from specdec import reporting
+from specdec.bench import plots
+from specdec.bench import reporting
 
 CPU_SHAPES = ('small', 'base')
 # Lighter defaults where a run would not fit its time otherwise (any flag given still wins):

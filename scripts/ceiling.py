@@ -5,7 +5,7 @@
       --out runs/ceiling_try --state runs/ceiling_try/state.json
 
 Decodes the first --examples test examples greedily with the baseline and, interleaved with it batch by batch,
-with the oracle drafter of controlled acceptance (`specdec/oracle.py`) at every α* × γ, and with the shipped
+with the oracle drafter of controlled acceptance (`specdec/bench/oracle.py`) at every α* × γ, and with the shipped
 drafters (--shipped) so the report places them under the ceiling; measures the target's verify-cost curve and
 the in-loop costs in the same run, and the target's confidence on --confidence_examples held-out inputs.
 Writes <out>/ceiling.{md,json,png}. Resumable: progress is kept in --state (delete it to measure afresh; a
@@ -20,13 +20,13 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from compare_drafters import LENGTHS, TASKS, parse_run  # pylint: disable=g-import-not-at-top,wrong-import-position
-from specdec import ceiling  # pylint: disable=g-import-not-at-top,wrong-import-position
-from specdec import ceiling_report
+from specdec.bench import ceiling  # pylint: disable=g-import-not-at-top,wrong-import-position
+from specdec.bench import ceiling_report
 from specdec import evaluation
 from specdec import fileio
 from specdec import loading
-from specdec import plots
-from specdec import reporting
+from specdec.bench import plots
+from specdec.bench import reporting
 from specdec import tasks
 
 

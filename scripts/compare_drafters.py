@@ -38,16 +38,16 @@ import jax
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from specdec import auto_gamma  # pylint: disable=g-import-not-at-top,wrong-import-position
+from specdec.bench import auto_gamma  # pylint: disable=g-import-not-at-top,wrong-import-position
 from specdec import decoding
 from specdec import draft_vocab
 from specdec import evaluation
 from specdec import fileio
 from specdec import loading
-from specdec import machine_load
+from specdec.bench import machine_load
 from specdec import models
-from specdec import profiling
-from specdec import reporting
+from specdec.bench import profiling
+from specdec.bench import reporting
 from specdec import settings
 from specdec import tasks
 from specdec import theory

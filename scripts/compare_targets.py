@@ -38,8 +38,8 @@ from specdec import fileio
 from specdec import loading
 from specdec import models
 from specdec import decoding
-from specdec import plots
-from specdec import reporting
+from specdec.bench import plots
+from specdec.bench import reporting
 from specdec import tasks
 
 LENGTHS = {'inputs': 96, 'targets': 48}  # the tasks' gin lengths (gin/tasks/*_local.gin)

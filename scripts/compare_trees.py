@@ -35,7 +35,7 @@ import jax
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from specdec import benchmark  # pylint: disable=g-import-not-at-top,wrong-import-position
+from specdec.bench import benchmark  # pylint: disable=g-import-not-at-top,wrong-import-position
 from specdec import decoding
 from specdec import draft_tree
 from specdec import drafters
@@ -44,8 +44,8 @@ from specdec import fileio
 from specdec import loading
 from specdec import models
 from specdec import network
-from specdec import profiling
-from specdec import reporting
+from specdec.bench import profiling
+from specdec.bench import reporting
 from specdec import tasks
 from specdec import tree_decoding
 

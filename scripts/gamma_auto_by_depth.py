@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Mapping
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from specdec import auto_gamma  # pylint: disable=g-import-not-at-top,wrong-import-position
+from specdec.bench import auto_gamma  # pylint: disable=g-import-not-at-top,wrong-import-position
 from specdec import fileio  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 

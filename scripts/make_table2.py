@@ -16,8 +16,8 @@ import numpy as np
 # Runnable from a checkout without the package installed (as the repo's shell scripts call it).
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from specdec import fileio  # pylint: disable=g-import-not-at-top,wrong-import-position
-from specdec import plots
-from specdec import tables
+from specdec.bench import plots
+from specdec.bench import tables
 
 ORDER = {'specdec_ende_local': 0, 'specdec_wmt_ende': 0, 'specdec_summarize_local': 1,
          'specdec_cnn_dailymail': 1}

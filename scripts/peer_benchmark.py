@@ -7,7 +7,7 @@ Exports the target and the drafter (compact directories, e.g. models/cpu/<name>)
 process, on the first examples of a local test split, times HF `generate` (greedy / sampling), HF assisted
 generation (constant γ drafts, transformers 5's default schedule, optionally transformers 4's heuristic one) and
 our baseline and speculative decoding (fixed γ and adaptive drafting), interleaved example by example. Writes
-`<out>/<run>.{md,json,png}` (`specdec.peers.run`): e.g. `--run peers` writes results/peers/peers.{md,json,png}
+`<out>/<run>.{md,json,png}` (`specdec.bench.peers.run`): e.g. `--run peers` writes results/peers/peers.{md,json,png}
 (the default name is <task>_<drafter>_g<γ>). Measure on a quiet machine.
 
 The report also shows where each framework's time goes: its model calls timed by themselves (encoders, 1-token
@@ -21,9 +21,9 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
 
-from specdec import benchmark  # pylint: disable=g-import-not-at-top
-from specdec import peers
-from specdec import reporting
+from specdec.bench import benchmark  # pylint: disable=g-import-not-at-top
+from specdec.bench import peers
+from specdec.bench import reporting
 from specdec import tasks
 
 TASKS = {'ende': (tasks.ENDE_LOCAL_TASK, {'inputs': 96, 'targets': 48}),

@@ -31,8 +31,8 @@ from specdec import evaluation
 from specdec import fileio
 from specdec import loading
 from specdec import models
-from specdec import profiling
-from specdec import reporting
+from specdec.bench import profiling
+from specdec.bench import reporting
 from specdec import tasks
 from specdec import theory
 

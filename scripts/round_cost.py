@@ -28,10 +28,10 @@ from specdec import decoding  # pylint: disable=g-import-not-at-top,wrong-import
 from specdec import evaluation
 from specdec import fileio
 from specdec import loading
-from specdec import machine_load
+from specdec.bench import machine_load
 from specdec import models
-from specdec import profiling
-from specdec import reporting
+from specdec.bench import profiling
+from specdec.bench import reporting
 from specdec import tasks
 
 TASKS = {'ende': tasks.ENDE_LOCAL_TASK, 'summarize': tasks.SUMMARIZE_LOCAL_TASK}

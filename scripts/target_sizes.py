@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from specdec import fileio
 from specdec import loading
 from specdec import network
-from specdec import profiling
+from specdec.bench import profiling
 from specdec import theory
 
 # name -> (label, emb_dim, num_heads, encoder layers, decoder layers, mlp_dim); 'shipped' is the

@@ -5,7 +5,7 @@
 Lays both networks out abstractly (no TPU needed) on every v4 slice from
 v4-8 to v4-128 and every power-of-two model width, for WMT EnDe and CNN/DM
 at batch 1 and 32; what is counted, and why these lengths:
-specdec/xxl_memory_plan.py.
+specdec/bench/xxl_memory_plan.py.
 
 Writes results/xxl_memory_plan.md and results/xxl_memory_plan.json.
 """
@@ -18,7 +18,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo, installed or not
 from specdec import fileio
 from specdec import network
-from specdec import xxl_memory_plan as plan
+from specdec.bench import xxl_memory_plan as plan
 
 
 def main(argv=None) -> dict:

@@ -4,7 +4,7 @@
 
 The runs are gin/train/table2/{xxl,large,base,small}_{ende,cnndm}.gin, laid
 out abstractly (no TPU needed) on every v4 slice from v4-8 to v4-256; what
-is counted and how chip-hours are estimated: specdec/xxl_training_plan.py.
+is counted and how chip-hours are estimated: specdec/bench/xxl_training_plan.py.
 
 Writes results/xxl_training_plan.md and results/xxl_training_plan.json.
 """
@@ -16,7 +16,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo, installed or not
 from specdec import fileio
-from specdec import xxl_training_plan as plan
+from specdec.bench import xxl_training_plan as plan
 
 
 def main(argv=None) -> dict:

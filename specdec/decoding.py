@@ -416,7 +416,7 @@ def temperature_sample(
 #             token from the residual or p_{n+1} (pure math, sampling.py);
 #   commit  — writes the kept tokens, advances each row, counts statistics.
 # Each is a function of (spec, state, ...) with its own test; the profiler
-# (specdec/profiling.py) times the same phases.
+# (specdec/bench/profiling.py) times the same phases.
 # ---------------------------------------------------------------------------
 
 

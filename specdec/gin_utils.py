@@ -25,7 +25,13 @@ MOVED_CONFIGURABLES = {'benchmark.Setting': 'settings.Setting'}
 # Modules that moved into a sub-package: a gin file importing the old path is one line naming the new one.
 MOVED_MODULES = {f'specdec.{name}': f'specdec.{package}.{name}'
                  for package, names in (('data', ('corpora', 'parallel_sources', 'distill_pool', 'self_training')),
-                                        ('training', ('train', 'train_config', 'feature_training', 'distill')))
+                                        ('training', ('train', 'train_config', 'feature_training', 'distill')),
+                                        ('bench', ('benchmark', 'profiling', 'auto_gamma', 'machine_load', 'oracle',
+                                                   'ceiling', 'ceiling_report', 'peers', 'peers_report',
+                                                   'accelerator', 'accelerator_report', 'reporting', 'tables', 'plots',
+                                                   'xxl_plan', 'xxl_memory_plan', 'xxl_training_plan', 'tpu_compile',
+                                                   'tpu_plan_check', 'tpu_programs', 'tpu_slices',
+                                                   'tpu_verify_curve')))
                  for name in names}
 
 

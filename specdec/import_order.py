@@ -1,6 +1,6 @@
 """One safe load order for TensorFlow's and triton's compiled libraries in one process.
 
-seqio brings TensorFlow; the Hugging Face side (transformers' T5, the parity tests, `specdec.peers`) brings torch,
+seqio brings TensorFlow; the Hugging Face side (transformers' T5, the parity tests, `specdec.bench.peers`) brings torch,
 and torch builds that ship triton (the CUDA builds, which pip takes on Python 3.12 and newer) load triton's
 compiled library when `torch._dynamo` is imported, as transformers' T5 does. Loaded after TensorFlow's, that
 library crashes the process with a segmentation fault at load time (triton 3.7, TensorFlow 2.21); loaded before,

@@ -18,7 +18,7 @@ mesh.
 Modes (`run_config.RunConfig.mode`):
 - 'infer': decode a task split (`evaluation.decode_split`), write predictions.jsonl (resumable) and decode statistics;
 - 'eval': 'infer' plus the task's seqio metrics (metrics.json);
-- 'benchmark': `specdec.benchmark.run` (baseline vs speculative in one run, see that module);
+- 'benchmark': `specdec.bench.benchmark.run` (baseline vs speculative in one run, see that module);
 - 'table': several benchmark rows (`rows`), one subdirectory each, then a table beside the paper's numbers.
 
 A rerun into the same OUTPUT_DIR resumes, but only what the same configuration wrote: each output directory records
@@ -49,9 +49,9 @@ from specdec import import_order  # pylint: disable=g-bad-import-order
 
 import_order.import_tensorflow_quietly()  # before specdec's modules import seqio, and with it TF
 
-from specdec import benchmark  # pylint: disable=g-import-not-at-top,wrong-import-position
-from specdec import ceiling
-from specdec import ceiling_report
+from specdec.bench import benchmark  # pylint: disable=g-import-not-at-top,wrong-import-position
+from specdec.bench import ceiling
+from specdec.bench import ceiling_report
 from specdec import decoding
 from specdec import evaluation
 from specdec import fileio
@@ -60,10 +60,10 @@ from specdec import gin_utils
 from specdec import loading
 from specdec import models
 from specdec import partitioning
-from specdec import reporting
+from specdec.bench import reporting
 from specdec import run_config
 from specdec import settings
-from specdec import tables
+from specdec.bench import tables
 from specdec import tasks
 
 DEFAULT_GIN_FILE = 'experiments/cpu/main_job.gin'

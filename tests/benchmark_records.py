@@ -2,7 +2,7 @@
 shared by reporting_test.py and benchmark_test.py. Three examples in two batches, numbers chosen to be worked
 out by hand."""
 
-from specdec import reporting
+from specdec.bench import reporting
 from specdec import settings
 
 GAMMA = 3

@@ -1,7 +1,7 @@
 """A hand-made `ceiling.measure` state (one α*, one γ, batch 1, two examples), shared by ceiling_test.py and
 ceiling_report_test.py."""
 
-from specdec import ceiling
+from specdec.bench import ceiling
 
 LENGTHS = {'inputs': 8, 'targets': 10}
 

@@ -12,7 +12,7 @@ from specdec import feature_drafter
 from specdec import models
 from specdec import network
 from specdec import ngram
-from specdec import oracle
+from specdec.bench import oracle
 from specdec import partitioning
 
 VOCAB = 32

@@ -17,7 +17,7 @@ from specdec import models
 from specdec import network
 from specdec import run_config
 from specdec import settings
-from specdec import tables
+from specdec.bench import tables
 from specdec import tasks
 from specdec.training import train
 from specdec.training import train_config

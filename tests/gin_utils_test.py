@@ -218,13 +218,13 @@ class TestBindingsThatWouldChangeNothing:
   def test_a_moved_configurable_in_a_gin_file_names_its_new_name(self, tmp_path, text, line):
     path = tmp_path / 'old.gin'
     path.write_text("include 'experiments/cpu/base.gin'\nfrom __gin__ import dynamic_registration\n"
-                    'from specdec import benchmark\n' + text)
+                    'from specdec.bench import benchmark\n' + text)
     message = self._error(files=[str(path)])
     assert message == (f'{path}, line {line}: benchmark.Setting is now settings.Setting (from specdec import '
                        'settings; then settings.Setting.NAME = VALUE, @settings.Setting()).')
 
   def test_a_moved_configurable_in_an_included_file_names_the_file_it_is_in(self, tmp_path):
-    (tmp_path / 'old.gin').write_text('from __gin__ import dynamic_registration\nfrom specdec import benchmark\n'
+    (tmp_path / 'old.gin').write_text('from __gin__ import dynamic_registration\nfrom specdec.bench import benchmark\n'
                                       'benchmark.Setting.gamma = 3\n')
     (tmp_path / 'row.gin').write_text(f"include '{tmp_path / 'old.gin'}'\n")
     assert self._error(files=[str(tmp_path / 'row.gin')]).startswith(f"{tmp_path / 'old.gin'}, line 3: ")

@@ -52,7 +52,8 @@ def test_tensorflow_first_is_one_line_error_before_torch(stand_ins):
       import sys
       import tensorflow
       import specdec
-      from specdec import import_order, peers
+      from specdec import import_order
+      from specdec.bench import peers
       assert 'triton._C.libtriton' not in sys.modules
       try:
         peers.require_peers()
@@ -88,7 +89,7 @@ def test_without_triton_nothing_is_loaded_and_nothing_is_refused(tmp_path):
 
 
 def test_seqio_then_hugging_face_t5_in_one_process():
-  """The order the suite and `specdec.peers` create: specdec, then seqio (TensorFlow), then transformers' T5."""
+  """The order the suite and `specdec.bench.peers` create: specdec, then seqio (TensorFlow), then transformers' T5."""
   result = _run("""
       import specdec
       import seqio

@@ -3,7 +3,7 @@
 The target is a 1-layer random T5 over the shipped vocabulary (8192 padded ids) in the project's compact
 format; the drafter `d1` beside it is a copy, so greedy speculative decoding accepts every draft. Runs use the
 shipped experiment gin files with command-line overrides, as the README does. The benchmark's isolated
-call-cost measurement is covered by tests/benchmark_test.py and replaced by fixed costs here.
+call-cost measurement is covered by tests/bench/benchmark_test.py and replaced by fixed costs here.
 """
 
 import contextlib
@@ -21,14 +21,14 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from specdec import auto_gamma
-from specdec import benchmark
+from specdec.bench import auto_gamma
+from specdec.bench import benchmark
 from specdec import checkpoints
 from specdec import fingerprint
 from specdec import gin_utils
 from specdec import loading
 from specdec import main
-from specdec import profiling
+from specdec.bench import profiling
 from specdec import network
 from specdec import ngram
 from specdec import run_config

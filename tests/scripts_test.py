@@ -81,7 +81,8 @@ GRID = [('d1', 'ende', 0.0, 2)]
 
 
 def _finish(plan):
-  from specdec import benchmark, fingerprint  # pylint: disable=g-import-not-at-top
+  from specdec import fingerprint  # pylint: disable=g-import-not-at-top
+  from specdec.bench import benchmark  # pylint: disable=g-import-not-at-top
   fingerprint.prepare(plan['dir'], plan['fingerprint'], benchmark.OUTPUT_FILES)
   with open(os.path.join(plan['dir'], 'benchmark.json'), 'w') as f:
     f.write('{}')
@@ -301,7 +302,7 @@ def test_xxl_memory_plan_writes_reports(tmp_path, monkeypatch):
   import json  # pylint: disable=g-import-not-at-top
   import xxl_memory_plan  # pylint: disable=g-import-not-at-top
   from specdec import network  # pylint: disable=g-import-not-at-top
-  from specdec import xxl_memory_plan as plan  # pylint: disable=g-import-not-at-top
+  from specdec.bench import xxl_memory_plan as plan  # pylint: disable=g-import-not-at-top
   small = dict(num_encoder_layers=1, num_decoder_layers=1, head_dim=4, relative_attention_num_buckets=8,
                relative_attention_max_distance=16, dropout_rate=0.0)
   target = network.T5Config(vocab_size=64, emb_dim=16, num_heads=4, mlp_dim=32, **small)
@@ -323,7 +324,7 @@ def test_xxl_memory_plan_writes_reports(tmp_path, monkeypatch):
 def test_xxl_training_plan_writes_the_report(tmp_path):
   import json  # pylint: disable=g-import-not-at-top
   import xxl_training_plan  # pylint: disable=g-import-not-at-top
-  from specdec import xxl_training_plan as plan  # pylint: disable=g-import-not-at-top
+  from specdec.bench import xxl_training_plan as plan  # pylint: disable=g-import-not-at-top
   report = xxl_training_plan.main(['--out_dir', str(tmp_path), '--microbatches', '2'])
   assert [r['name'] for r in report['runs']] == [r.name for r in plan.RUNS]
   assert all(r['configured']['fits'] for r in report['runs'])

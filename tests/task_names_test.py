@@ -19,7 +19,7 @@ def test_names_are_the_registered_ones():
 
 
 def test_tables_need_neither_seqio_nor_tensorflow():
-  code = ('import sys; import specdec.tables; '
+  code = ('import sys; import specdec.bench.tables; '
           'print(sorted(m for m in ("seqio", "tensorflow") if m in sys.modules))')
   out = subprocess.run([sys.executable, '-c', code], check=True, capture_output=True, text=True).stdout
   assert out.strip() == '[]'
