@@ -156,6 +156,12 @@ def _moved(selector: str) -> Optional[Tuple[str, str]]:
   return None
 
 
+def _where(error_text: str) -> str:
+  """'FILE, line N: ' from gin's error text, or '' when it names no place."""
+  where = re.search(r'In file "([^"]+)", line (\d+)', error_text)
+  return f'{where.group(1)}, line {where.group(2)}: ' if where else ''
+
+
 def _moved_message(error_text: str) -> Optional[str]:
   """gin's error about an unresolvable selector, as one line naming the new name, if the selector moved."""
   unresolved = re.search(r"Couldn't resolve selector ([\w./]+)|No configurable matching (?:reference )?'@?([\w./]+)",
@@ -163,8 +169,7 @@ def _moved_message(error_text: str) -> Optional[str]:
   moved = unresolved and _moved(unresolved.group(1) or unresolved.group(2))
   if not moved:
     return None
-  where = re.search(r'In file "([^"]+)", line (\d+)', error_text)
-  where = f'{where.group(1)}, line {where.group(2)}: ' if where else ''
+  where = _where(error_text)
   former, now = moved
   module = now.rsplit('.', 1)[0]
   return f'{where}{former} is now {now} (from specdec import {module}; then {now}.NAME = VALUE, @{now}()).'
@@ -176,8 +181,7 @@ def _moved_module_message(error_text: str) -> Optional[str]:
   now = missing and MOVED_MODULES.get(missing.group(1))
   if not now:
     return None
-  where = re.search(r'In file "([^"]+)", line (\d+)', error_text)
-  where = f'{where.group(1)}, line {where.group(2)}: ' if where else ''
+  where = _where(error_text)
   package, name = now.rsplit('.', 1)
   return f'{where}{missing.group(1)} is now {now} (from {package} import {name}).'
 
