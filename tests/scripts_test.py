@@ -1,5 +1,6 @@
 """Tests of the pure helpers in scripts/ (the ablation summaries) and of the XXL plans' command lines."""
 
+import json
 import os
 import sys
 
@@ -566,3 +567,21 @@ def test_gamma_auto_by_depth_repicks_a_stored_row_from_its_acceptance_by_depth()
   text = gamma_auto_by_depth.markdown(rep)
   assert '| x.json | specdec_ende_local | f128 | 0 | 8 | 0.60, 0.50, 0.00 | 8 (' in text and '| **2** (1.90×) |' in text
   assert 'From depths 1..2: 0 of 1 rows change.' in text
+
+
+_CPU_V2 = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'models', 'cpu_v2')
+
+
+def test_hash_decode_programs_names_each_program_that_changed(tmp_path, monkeypatch, capsys):
+  import hash_decode_programs  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(hash_decode_programs, 'PROGRAMS', {'ngram': ('bigram', None)})
+  monkeypatch.setattr(hash_decode_programs, 'TEMPERATURES', (0.0, 1.0))
+  stored = tmp_path / 'hashes.json'
+  assert hash_decode_programs.main(['--models', _CPU_V2, '--out', str(stored)]) == 0
+  found = json.loads(stored.read_text())
+  assert sorted(found) == ['ngram_t0', 'ngram_t1'] and found['ngram_t0'] != found['ngram_t1']
+  assert hash_decode_programs.main(['--models', _CPU_V2, '--compare', str(stored)]) == 0
+  assert 'identical: all 2' in capsys.readouterr().out
+  stored.write_text(json.dumps(dict(found, ngram_t1='0' * 64)))
+  assert hash_decode_programs.main(['--models', _CPU_V2, '--compare', str(stored)]) == 1
+  assert capsys.readouterr().out.strip().endswith('differ: ngram_t1')
