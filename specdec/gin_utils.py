@@ -29,9 +29,9 @@ MOVED_MODULES = {f'specdec.{name}': f'specdec.{package}.{name}'
                                         ('bench', ('benchmark', 'profiling', 'auto_gamma', 'machine_load', 'oracle',
                                                    'ceiling', 'ceiling_report', 'peers', 'peers_report',
                                                    'accelerator', 'accelerator_report', 'reporting', 'tables', 'plots',
-                                                   'xxl_plan', 'xxl_memory_plan', 'xxl_training_plan', 'tpu_compile',
-                                                   'tpu_plan_check', 'tpu_programs', 'tpu_slices',
-                                                   'tpu_verify_curve')))
+                                                   'xxl_plan', 'xxl_memory_plan', 'xxl_training_plan')),
+                                        ('cloud_tpu', ('tpu_compile', 'tpu_plan_check', 'tpu_programs', 'tpu_slices',
+                                                       'tpu_verify_curve')))
                  for name in names}
 
 

@@ -208,6 +208,24 @@ def test_the_layout_says_who_imports_whom():
 _LAUNCHERS = ('main',)
 
 
+# Folders from the bottom: each imports only from itself and the ones before it ('' is the library, 'main' the
+# launcher at the top level).
+_FOLDERS_UPWARD = ('', 'data', 'training', 'bench', 'main', 'cloud_tpu')
+
+
+def _folder(module: str) -> str:
+  return module if module in _LAUNCHERS else module.rpartition('/')[0]
+
+
+def test_the_folders_import_one_way():
+  known = set(_modules())
+  assert sorted({_folder(m) for m in known}) == sorted(_FOLDERS_UPWARD)
+  rank = {folder: i for i, folder in enumerate(_FOLDERS_UPWARD)}
+  upward = [f'{m} imports {name}' for m in sorted(known) for name in sorted(_imported_modules(m, known))
+            if rank[_folder(name)] > rank[_folder(m)]]
+  assert upward == []
+
+
 def test_the_library_imports_nothing_from_the_tooling():
   known = set(_modules())
   library = [m for m in sorted(known) if '/' not in m and m not in _LAUNCHERS]

@@ -229,12 +229,19 @@ class TestBindingsThatWouldChangeNothing:
     (tmp_path / 'row.gin').write_text(f"include '{tmp_path / 'old.gin'}'\n")
     assert self._error(files=[str(tmp_path / 'row.gin')]).startswith(f"{tmp_path / 'old.gin'}, line 3: ")
 
-  @pytest.mark.parametrize('name, package', [('train_config', 'specdec.training'), ('corpora', 'specdec.data')])
+  @pytest.mark.parametrize('name, package', [('train_config', 'specdec.training'), ('corpora', 'specdec.data'),
+                                             ('tpu_programs', 'specdec.cloud_tpu')])
   def test_a_gin_file_importing_a_moved_module_names_its_new_path(self, tmp_path, name, package):
     path = tmp_path / 'old.gin'
     path.write_text(f'from __gin__ import dynamic_registration\nfrom specdec import {name}\n')
     assert self._error(files=[str(path)]) == (f'{path}, line 2: specdec.{name} is now {package}.{name} '
                                               f'(from {package} import {name}).')
+
+  def test_every_moved_module_names_a_module_that_exists(self):
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    missing = [now for now in gin_utils.MOVED_MODULES.values()
+               if not os.path.isfile(os.path.join(repo, *now.split('.')) + '.py')]
+    assert missing == []
 
   def test_a_missing_module_that_did_not_move_is_gins_own_error(self, tmp_path):
     path = tmp_path / 'typo.gin'

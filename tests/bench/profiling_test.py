@@ -16,7 +16,7 @@ from specdec import feature_drafter
 from specdec import models
 from specdec import network
 from specdec.bench import profiling
-from specdec.bench import tpu_slices
+from specdec.cloud_tpu import tpu_slices
 
 
 def _tiny(seed, **overrides):

@@ -1,4 +1,4 @@
-"""Tests for specdec/bench/tpu_programs.py: the launched programs, read from the real gin files, compiled for TPU.
+"""Tests for specdec/cloud_tpu/tpu_programs.py: the launched programs, read from the real gin files, compiled for TPU.
 
 The Table-2 row and the fine-tune are the real gin files (gin/experiments/table2/xxl_ende_small_t0.gin,
 gin/train/table2/small_ende.gin) with their networks and lengths bound tiny on the command line, so each compile
@@ -7,9 +7,9 @@ takes seconds; the sweep over the real sizes is scripts/tpu_compile.py.
 
 import pytest
 
-from specdec.bench import tpu_compile
-from specdec.bench import tpu_programs
-from specdec.bench import tpu_slices
+from specdec.cloud_tpu import tpu_compile
+from specdec.cloud_tpu import tpu_programs
+from specdec.cloud_tpu import tpu_slices
 
 ROW = 'experiments/table2/xxl_ende_small_t0.gin'
 FINETUNE = 'train/table2/small_ende.gin'

@@ -19,7 +19,7 @@ import os
 from typing import Any, Dict, List, Mapping, Optional
 
 from specdec import fileio
-from specdec.bench import tpu_compile
+from specdec.cloud_tpu import tpu_compile
 
 GIB = tpu_compile.GIB
 TOLERANCE = 0.10  # planned and compiled agree when within 10% of the compiled figure

@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, List, Mapping, Sequence
 from specdec import fileio
 from specdec.bench import tables
 from specdec import theory
-from specdec.bench import tpu_programs
+from specdec.cloud_tpu import tpu_programs
 
 # Published per-chip peaks (Cloud TPU v4: 275 TFLOP/s bf16, 1.2 TB/s HBM).
 PEAKS = {'v4': {'flops': 275e12, 'hbm_bytes_per_s': 1.2e12}}

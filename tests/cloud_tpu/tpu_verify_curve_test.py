@@ -1,10 +1,10 @@
-"""Tests for specdec/bench/tpu_verify_curve.py: call times from compiled figures, and Table 2's predicted speedups."""
+"""Tests for specdec/cloud_tpu/tpu_verify_curve.py: call times from compiled figures, and Table 2's predicted speedups."""
 
 import pytest
 
 from specdec.bench import tables
 from specdec import theory
-from specdec.bench import tpu_verify_curve as curve
+from specdec.cloud_tpu import tpu_verify_curve as curve
 
 
 def _record(flops, bytes_accessed, collectives=0):

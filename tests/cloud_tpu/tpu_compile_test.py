@@ -1,4 +1,4 @@
-"""Tests for specdec/bench/tpu_compile.py: figures from XLA's TPU compiler, and the resumable sweep that records them."""
+"""Tests for specdec/cloud_tpu/tpu_compile.py: figures from XLA's TPU compiler, and the resumable sweep that records them."""
 
 import dataclasses
 import json
@@ -10,9 +10,9 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import numpy as np
 import pytest
 
-from specdec.bench import tpu_compile
-from specdec.bench import tpu_programs
-from specdec.bench import tpu_slices
+from specdec.cloud_tpu import tpu_compile
+from specdec.cloud_tpu import tpu_programs
+from specdec.cloud_tpu import tpu_slices
 
 HLO = """
   %all-reduce-start.1 = bf16[8]{0} all-reduce-start(bf16[8]{0} %p), replica_groups={{0,1}}, to_apply=%add

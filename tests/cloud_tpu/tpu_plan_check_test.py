@@ -1,9 +1,9 @@
-"""Tests for specdec/bench/tpu_plan_check.py: planned vs compiled GiB per chip, only for the rows both describe."""
+"""Tests for specdec/cloud_tpu/tpu_plan_check.py: planned vs compiled GiB per chip, only for the rows both describe."""
 
 import json
 import os
 
-from specdec.bench import tpu_plan_check
+from specdec.cloud_tpu import tpu_plan_check
 
 GIB = 2 ** 30
 

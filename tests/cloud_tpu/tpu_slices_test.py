@@ -1,10 +1,10 @@
-"""Tests for specdec/bench/tpu_slices.py: Cloud's slice names, the topologies libtpu builds from them, meshes on them."""
+"""Tests for specdec/cloud_tpu/tpu_slices.py: Cloud's slice names, the topologies libtpu builds from them, meshes on them."""
 
 import importlib.util
 
 import pytest
 
-from specdec.bench import tpu_slices
+from specdec.cloud_tpu import tpu_slices
 
 
 @pytest.mark.parametrize('name, topology, chip_config, chips, hosts, hbm', [
