@@ -54,7 +54,7 @@ def _command(argv) -> str:
 
 def _write_measured_curve(slice_name: str, out_dir: str, report: str):
   """<slice>_verify_curve_measured.md from `report` ('auto': the newest TPU report), or None if there is none."""
-  from specdec.bench import tpu_verify_curve  # pylint: disable=g-import-not-at-top
+  from specdec.cloud_tpu import tpu_verify_curve  # pylint: disable=g-import-not-at-top
   path = tpu_verify_curve.find_measured_report(REPO) if report == 'auto' else os.path.join(REPO, report)
   if not path:
     return None
@@ -74,7 +74,7 @@ def main(argv=None):
   args = parse_args(argv)
   out_dir = os.path.join(REPO, args.out)
   if args.compare_plans:
-    from specdec.bench import tpu_plan_check  # pylint: disable=g-import-not-at-top
+    from specdec.cloud_tpu import tpu_plan_check  # pylint: disable=g-import-not-at-top
     path = tpu_plan_check.write_comparison(REPO, out_dir, _command(argv))
     print(f'Wrote {os.path.relpath(path, REPO)}')
     return
@@ -85,9 +85,9 @@ def main(argv=None):
                        'results/accelerator/ (run scripts/accelerator_check.py on a TPU, or name its report.json).')
     print(f'Wrote {os.path.relpath(path, REPO)}')
     return
-  from specdec.bench import tpu_compile  # pylint: disable=g-import-not-at-top
-  from specdec.bench import tpu_programs  # pylint: disable=g-import-not-at-top
-  from specdec.bench import tpu_slices  # pylint: disable=g-import-not-at-top
+  from specdec.cloud_tpu import tpu_compile  # pylint: disable=g-import-not-at-top
+  from specdec.cloud_tpu import tpu_programs  # pylint: disable=g-import-not-at-top
+  from specdec.cloud_tpu import tpu_slices  # pylint: disable=g-import-not-at-top
   kinds = [k for k in args.kinds.split(',') if k]
   try:
     tpu = tpu_slices.slice_named(args.slice)
@@ -129,7 +129,7 @@ def main(argv=None):
                       'chips': tpu.chips, 'hosts': tpu.hosts, 'hbm_gib': tpu.hbm_gib}}
   json_path = os.path.join(out_dir, f'{tpu.name}.json')
   if args.verify_curve:
-    from specdec.bench import tpu_verify_curve  # pylint: disable=g-import-not-at-top
+    from specdec.cloud_tpu import tpu_verify_curve  # pylint: disable=g-import-not-at-top
     if tpu.topology.split(':')[0] not in tpu_verify_curve.PEAKS:
       raise SystemExit(f'tpu_compile: --verify_curve knows the peaks of {list(tpu_verify_curve.PEAKS)} only.')
     programs = lambda: tpu_verify_curve.curve_programs(mesh_of, bindings=bindings)
