@@ -93,7 +93,8 @@ def _run_all(args, grid):
     more = f' ({len(refused) - 1} more run(s) refused alike)' if len(refused) > 1 else ''
     raise SystemExit(f'ablate: {refused[0]}{more}')
   tasks.register_tasks(args.corpus_dir)
-  target_module, target_params = loading.load_network(os.path.join(args.models, 'target'))
+  target = loading.restore(os.path.join(args.models, 'target'))
+  target_module, target_params = target.module, target.params
   loaded = {}
   summaries = []
   for n, plan in enumerate(plans):
@@ -105,9 +106,10 @@ def _run_all(args, grid):
       continue
     print(f'[{n + 1}/{len(plans)}] {name}', flush=True)
     if drafter not in loaded:
-      loaded[drafter] = loading.load_network(_drafter_dir(args, drafter))
+      loaded[drafter] = loading.restore(_drafter_dir(args, drafter), target_params=target_params)
     summaries.append(benchmark.run(
-        benchmark.ModelPair(target_module, target_params, *loaded[drafter], drafter_name=drafter),
+        benchmark.ModelPair(target_module, target_params, loaded[drafter].module, loaded[drafter].params,
+                            drafter_name=drafter, draft_vocab_ids=loaded[drafter].draft_vocab_ids),
         benchmark.TaskSplit(plan['task'], 'test', LENGTHS, args.max_examples), plan['setting'],
         benchmark.Output(plan['dir'], overwrite=args.overwrite, provenance=plan['provenance'], remedy=REMEDY,
                          write_plot=False, extra_info={'command_full': ' '.join(['python'] + sys.argv)})))

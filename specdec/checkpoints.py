@@ -425,7 +425,7 @@ def _restore_orbax(path: str, config: network.T5Config, shardings,
 
 
 def restore_params(path: str, config: network.T5Config, shardings=None,
-                   dtype=None) -> PyTree:
+                   dtype=None, fmt: Optional[str] = None) -> PyTree:
   """Params of `config` from a checkpoint of any format, placed by `shardings`.
 
   Args:
@@ -439,6 +439,7 @@ def restore_params(path: str, config: network.T5Config, shardings=None,
       params. Each device reads only its own slice of each array
       (`jax.make_array_from_callback`), so no host holds a whole large model.
     dtype: the params' dtype (default float32), cast as they are read.
+    fmt: the format, where the caller detected it already (`detect_format`).
 
   Returns:
     The params tree {'token_embedder', 'encoder', 'decoder'} of jax.Arrays.
@@ -451,7 +452,7 @@ def restore_params(path: str, config: network.T5Config, shardings=None,
       than the checkpoint's model.
   """
   dtype = _param_dtype(dtype)
-  fmt = detect_format(path)
+  fmt = fmt or detect_format(path)
   if fmt == 'orbax':
     return _restore_orbax(path, config, shardings, dtype)
   if fmt == 'compact':
@@ -505,9 +506,10 @@ def save_t5x(checkpoint_dir: str, params: PyTree, step: int = 0,
   return t5x_checkpoint.save(checkpoint_dir, params, step=step, dtype=dtype)
 
 
-def load_config_for(path: str) -> Optional[network.T5Config]:
-  """The config a checkpoint records: compact and HF do; T5X and Orbax don't (None)."""
-  fmt = detect_format(path)
+def load_config_for(path: str, fmt: Optional[str] = None) -> Optional[network.T5Config]:
+  """The config a checkpoint records: compact and HF do; T5X and Orbax don't (None). `fmt`: the format, where the
+  caller detected it already."""
+  fmt = fmt or detect_format(path)
   if fmt == 'compact':
     return load_config(path)
   if fmt == 'hf':

@@ -276,20 +276,21 @@ def _execute(config: run_config.RunConfig, output_dir: str, plans: Sequence[Outp
   """`run` after its checks, writing into the local directory `output_dir` what `plans` describe."""
   data, models_config = config.data, config.models
   _refuse_mismatched_outputs(output_dir, plans, config.overwrite)  # a remote directory's copy is read only now
-  load = lambda checkpoint, network_config: loading.load_network(checkpoint, network_config, models_config.dtype,
-                                                                 mesh)
+  load = lambda checkpoint, network_config, target_params=None: loading.restore(
+      checkpoint, network_config, models_config.dtype, mesh, target_params)
 
   if config.mode == 'table':
     # The table itself is rewritten from its rows on every run; its fingerprint keeps other modes out.
     fingerprint.prepare(output_dir, {'outputs': 'table'}, TABLE_FILES, config.overwrite)
-    target_module, target_params = load(models_config.target_checkpoint, models_config.target_config)
+    target = load(models_config.target_checkpoint, models_config.target_config)
+    target_module, target_params = target.module, target.params
     summaries = []
     for i, plan in enumerate(plans):
       print(f'Row {i + 1}/{len(plans)}: {run_config.row_label(plan.row)}', flush=True)
-      drafter_module, drafter_params = load(plan.drafter_checkpoint, models_config.drafter_config)
+      drafter = load(plan.drafter_checkpoint, models_config.drafter_config, target_params)
       summaries.append(benchmark.run(
-          benchmark.ModelPair(target_module, target_params, drafter_module, drafter_params, plan.drafter_name,
-                              loading.draft_vocab_ids(plan.drafter_checkpoint, target_params)),
+          benchmark.ModelPair(target_module, target_params, drafter.module, drafter.params, plan.drafter_name,
+                              drafter.draft_vocab_ids),
           benchmark.TaskSplit(plan.row.task, data.split, data.lengths, data.max_examples), plan.setting,
           benchmark.Output(os.path.join(output_dir, plan.subdir), overwrite=config.overwrite,
                            provenance=plan.provenance), benchmark.Measuring(mesh=mesh)))
@@ -308,14 +309,16 @@ def _execute(config: run_config.RunConfig, output_dir: str, plans: Sequence[Outp
 
   (plan,) = plans
   setting = config.decoding
-  target_module, target_params = load(models_config.target_checkpoint, models_config.target_config)
-  drafter_module = drafter_params = None
+  target = load(models_config.target_checkpoint, models_config.target_config)
+  target_module, target_params = target.module, target.params
+  drafter_module = drafter_params = draft_vocab_ids = None
   if plan.drafter_checkpoint:
-    drafter_module, drafter_params = load(plan.drafter_checkpoint, models_config.drafter_config)
+    drafter = load(plan.drafter_checkpoint, models_config.drafter_config, target_params)
+    drafter_module, drafter_params, draft_vocab_ids = drafter.module, drafter.params, drafter.draft_vocab_ids
   if config.mode == 'benchmark':
     summary = benchmark.run(
         benchmark.ModelPair(target_module, target_params, drafter_module, drafter_params, plan.drafter_name,
-                            loading.draft_vocab_ids(plan.drafter_checkpoint, target_params)),
+                            draft_vocab_ids),
         benchmark.TaskSplit(data.task, data.split, data.lengths, data.max_examples), setting,
         benchmark.Output(output_dir, overwrite=config.overwrite, provenance=plan.provenance),
         benchmark.Measuring(mesh=mesh))
@@ -326,8 +329,7 @@ def _execute(config: run_config.RunConfig, output_dir: str, plans: Sequence[Outp
   model = models.SpeculativeEncoderDecoderModel(
       target_module, drafter_module,
       decode_fn=decoding.speculative_sample if drafter_module is not None else decoding.temperature_sample,
-      draft_vocab_ids=(loading.draft_vocab_ids(plan.drafter_checkpoint, target_params)
-                       if drafter_module is not None else None))
+      draft_vocab_ids=draft_vocab_ids)
   params = {'target': target_params}
   if drafter_module is not None:
     params['drafter'] = drafter_params

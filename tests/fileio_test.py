@@ -499,7 +499,8 @@ def test_detect_format_on_url(ram_dir):
 def test_loaders_on_url(ram_dir, params):
   target = fileio.join(ram_dir, 'family', 'target')
   checkpoints.save_compact(target, CFG, params)
-  module, loaded = loading.load_network(target)
+  restored = loading.restore(target)
+  module, loaded = restored.module, restored.params
   assert module.config == CFG and jax.tree_util.tree_structure(loaded) == (
       jax.tree_util.tree_structure(params))
   bigram = fileio.join(ram_dir, 'family', 'bigram')
@@ -507,7 +508,6 @@ def test_loaders_on_url(ram_dir, params):
   ngram.save(bigram, config, np.ones(CFG.vocab_size, np.float32),
              np.zeros((0, 3), np.int64))
   assert ngram.is_ngram_dir(bigram)
-  module, _ = loading.load_network(bigram)
-  assert isinstance(module, ngram.NgramLM)
+  assert isinstance(loading.restore(bigram).module, ngram.NgramLM)
   with pytest.raises(FileNotFoundError, match='Checkpoint not found'):
-    loading.load_network(fileio.join(ram_dir, 'family', 'missing'))
+    loading.restore(fileio.join(ram_dir, 'family', 'missing'))

@@ -94,18 +94,19 @@ def test_feature_head_with_its_vocabulary_and_target(params, tmp_path):
     loading.load_drafter(str(tmp_path))
 
 
-def test_draft_vocab_ids_of_any_directory(params, tmp_path):
+def test_restore_gives_a_heads_draft_vocabulary_and_refuses_another_targets_head(params, tmp_path):
   head_config = feature_drafter.FeatureHeadConfig(feature_dim=CFG.emb_dim, vocab_size=CFG.vocab_size,
                                                   width=8, num_heads=2, head_dim=4, mlp_dim=16)
   feature_drafter.save(str(tmp_path / 'head'), head_config,
                        feature_drafter.init_params(head_config, jax.random.PRNGKey(1)),
                        target_sha256=feature_drafter.params_sha256(params), draft_vocab_ids=[1, 7])
-  np.testing.assert_array_equal(loading.draft_vocab_ids(str(tmp_path / 'head'), params), [1, 7])
+  restored = loading.restore(str(tmp_path / 'head'), target_params=params)
+  assert restored.format == 'feature_head' and isinstance(restored.module, feature_drafter.FeatureHead)
+  np.testing.assert_array_equal(restored.draft_vocab_ids, [1, 7])
   checkpoints.save_compact(str(tmp_path / 't5'), CFG, params)
-  assert loading.draft_vocab_ids(str(tmp_path / 't5')) is None
-  assert loading.draft_vocab_ids(None) is None
+  assert loading.restore(str(tmp_path / 't5')).draft_vocab_ids is None
   with pytest.raises(ValueError, match='another target'):
-    loading.draft_vocab_ids(str(tmp_path / 'head'), jax.tree_util.tree_map(lambda x: x + 1.0, params))
+    loading.restore(str(tmp_path / 'head'), target_params=jax.tree_util.tree_map(lambda x: x + 1.0, params))
 
 
 def test_model_path_takes_a_directory_or_a_name_in_the_models_dir(tmp_path):
@@ -119,37 +120,51 @@ def test_model_path_takes_a_directory_or_a_name_in_the_models_dir(tmp_path):
 
 
 # -----------------------------------------------------------------------------
-# load_network: any checkpoint the launcher takes
+# restore: any checkpoint the launcher takes
 # -----------------------------------------------------------------------------
 
 
-def test_load_network_compact(params, tmp_path):
+def test_restore_compact(params, tmp_path):
   checkpoints.save_compact(str(tmp_path), CFG, params, storage_dtype=np.float32)
-  module, loaded = loading.load_network(str(tmp_path))
-  assert isinstance(module, network.Transformer) and module.config == CFG
-  _assert_same_params(loaded, params)
+  restored = loading.restore(str(tmp_path))
+  assert restored.format == 'compact' and loading.checkpoint_format(str(tmp_path)) == 'compact'
+  assert isinstance(restored.module, network.Transformer) and restored.module.config == CFG
+  _assert_same_params(restored.params, params)
 
 
-def test_load_network_ngram(tmp_path):
+def test_restore_ngram(tmp_path):
   config = ngram.NgramConfig(CFG.vocab_size, order=2)
   unigram, bigram = ngram.count([[5, 6, 7, 1], [5, 7, 1]], CFG.vocab_size)
   ngram.save(str(tmp_path), config, unigram, bigram)
-  module, loaded = loading.load_network(str(tmp_path))
-  assert isinstance(module, ngram.NgramLM) and module.config == config
-  assert loaded['log_probs'].shape == (CFG.vocab_size, CFG.vocab_size)
+  restored = loading.restore(str(tmp_path))
+  assert restored.format == 'ngram' and restored.draft_vocab_ids is None
+  assert isinstance(restored.module, ngram.NgramLM) and restored.module.config == config
+  assert restored.params['log_probs'].shape == (CFG.vocab_size, CFG.vocab_size)
 
 
-def test_load_network_missing_and_empty(tmp_path):
+def test_restore_missing_and_empty(tmp_path):
   with pytest.raises(FileNotFoundError, match='nothing_here'):
-    loading.load_network(str(tmp_path / 'nothing_here'))
+    loading.restore(str(tmp_path / 'nothing_here'))
   with pytest.raises(ValueError, match='No checkpoint given'):
-    loading.load_network('')
+    loading.restore('')
+  with pytest.raises(ValueError, match='is not a checkpoint this project reads'):
+    loading.restore(str(tmp_path))
 
 
-def test_load_network_t5x_needs_a_config(params, tmp_path):
+def test_restore_t5x_needs_a_config(params, tmp_path):
   path = checkpoints.save_t5x(str(tmp_path / 'checkpoint_7'), params, step=7)
-  module, loaded = loading.load_network(path, CFG)
-  assert isinstance(module, network.Transformer) and module.config == CFG
-  _assert_same_params(loaded, params)
-  with pytest.raises(ValueError, match='carries no network config'):
-    loading.load_network(path)
+  restored = loading.restore(path, CFG)
+  assert restored.format == 't5x'
+  assert isinstance(restored.module, network.Transformer) and restored.module.config == CFG
+  _assert_same_params(restored.params, params)
+  with pytest.raises(ValueError, match=r'\(t5x format\) carries no network config'):
+    loading.restore(path)
+
+
+def test_the_format_is_detected_once(params, tmp_path, monkeypatch):
+  path = checkpoints.save_t5x(str(tmp_path / 'checkpoint_7'), params, step=7)
+  calls = []
+  detect = checkpoints.detect_format
+  monkeypatch.setattr(checkpoints, 'detect_format', lambda p: calls.append(p) or detect(p))
+  loading.restore(path, CFG)
+  assert len(calls) == 1

@@ -317,7 +317,7 @@ def test_debug_shows_the_traceback_instead(family, tmp_path):
 def test_an_unexpected_failure_is_one_line_with_status_1(family, tmp_path, monkeypatch):
   def broken(*args, **kwargs):
     raise RuntimeError('out of memory\nmore detail')
-  monkeypatch.setattr(loading, 'load_network', broken)
+  monkeypatch.setattr(loading, 'restore', broken)
   status, err = _error_line(_flags(family, tmp_path / 'out', INFER))
   assert status == main.FAILURE_EXIT
   assert err == 'specdec: RuntimeError: out of memory\n'.replace('\n', ' (rerun with --debug for the traceback)\n')
@@ -579,7 +579,7 @@ def test_table_rows_are_checked_before_any_model_loads(family, tmp_path, monkeyp
   def no_loading(*args, **kwargs):
     raise AssertionError('a model was loaded before the fingerprints were checked')
 
-  monkeypatch.setattr(loading, 'load_network', no_loading)
+  monkeypatch.setattr(loading, 'restore', no_loading)
   message = _refused(flags + ['--gin.settings.Setting.seed=1'])
   assert f"{out / 'specdec_ende_local_d1_t0_g2'} holds outputs of another configuration: seed 0 -> 1;" in message
 

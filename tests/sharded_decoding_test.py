@@ -23,8 +23,10 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from tests import device_pool
+from specdec import checkpoints
 from specdec import decoding
 from specdec import feature_drafter
+from specdec import loading
 from specdec import memory
 from specdec import models
 from specdec import network
@@ -271,6 +273,29 @@ def _case_layouts():
              'devices=[2,1,4,1]' in line for line in pinned), pinned
 
 
+def _case_restore_reads_into_the_predictors_layout(directory):
+  """`loading.restore` with a mesh reads a T5X checkpoint straight into the layout the sharded predictor uses
+  (`partitioning.param_shardings`, no predictor built), the values unchanged."""
+  _require_8_devices()
+  params, _ = _setup()
+  path = checkpoints.save_t5x(os.path.join(directory, 'checkpoint_3'), params['target'], step=3)
+  for num_partitions in (1, 4):
+    mesh = partitioning.make_mesh(num_partitions=num_partitions)
+    restored = loading.restore(path, TARGET_CFG, mesh=mesh)
+    assert restored.format == 't5x' and restored.draft_vocab_ids is None
+    want = sharded_decoding.compile_predict_sharded(_model('temperature'), mesh).param_shardings(
+        {'target': params['target']})['target']
+    got = jax.tree_util.tree_map(lambda x: x.sharding, restored.params)
+    assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want)
+    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+      assert a.is_equivalent_to(b, 2), (a, b)
+    for a, b in zip(jax.tree_util.tree_leaves(restored.params), jax.tree_util.tree_leaves(params['target'])):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  # 4-way model parallelism splits the MLP's kernels: the restore did shard them.
+  mlp = restored.params['encoder']['layers_0']['mlp']['wi_0']['kernel']
+  assert mlp.sharding.spec == P(None, 'model') and mlp.addressable_shards[0].data.shape == (16, 8)
+
+
 def _case_memory_matches_arrays():
   """bytes_per_device == what device 0 really holds, params and caches."""
   _require_8_devices()
@@ -370,6 +395,10 @@ def test_feature_head_decodes_as_on_one_device(devices8, mesh_shape):
 
 def test_params_caches_outputs_sharded_by_rules(devices8):
   _in_8_devices(devices8, _case_layouts)
+
+
+def test_restore_reads_into_the_predictors_layout(devices8, tmp_path):
+  _in_8_devices(devices8, _case_restore_reads_into_the_predictors_layout, str(tmp_path))
 
 
 def test_bytes_per_device_match_real_shards(devices8):
