@@ -7,8 +7,9 @@
 Each program is the jitted `predict_batch_with_aux` a benchmark runs, lowered for one batch shape (StableHLO text
 without source locations, so moving a function between files changes nothing, renaming a jitted one does): the
 baseline and speculative decoding with a T5 drafter (its own and a trimmed vocabulary), a feature head (with its
-draft vocabulary) and an n-gram drafter, each greedy and at temperature 1. Nothing is compiled or run. Prints one
-line per program; with --compare, exit status 1 when any hash differs from the stored ones (each named).
+draft vocabulary) and an n-gram drafter, and draft trees with the T5 drafter and the feature head, each greedy and
+at temperature 1. Nothing is compiled or run. Prints one line per program; with --compare, exit status 1 when any
+hash differs from the stored ones (each named).
 """
 
 import argparse
@@ -27,16 +28,21 @@ from specdec import draft_vocab
 from specdec import fileio
 from specdec import loading
 from specdec import models
+from specdec import tree_decoding
 
 BATCH, INPUT_LENGTH, TARGET_LENGTH, GAMMA = 4, 96, 48, 4
-# name -> (drafter directory under --models or None for the baseline, a draft vocabulary file or None)
+# name -> (drafter directory under --models or None for the baseline, a draft vocabulary file or None, the
+# speculative loop: 'chain' (γ drafts) or 'tree' (a draft tree: TREE))
 PROGRAMS = {
-    'baseline': (None, None),
-    't5_drafter': ('d1kd', None),
-    't5_drafter_trimmed': ('d1kd', 'draft_vocab/top2048.json'),
-    'feature_head': ('f128', None),
-    'ngram': ('bigram', None),
+    'baseline': (None, None, None),
+    't5_drafter': ('d1kd', None, 'chain'),
+    't5_drafter_trimmed': ('d1kd', 'draft_vocab/top2048.json', 'chain'),
+    'feature_head': ('f128', None, 'chain'),
+    'ngram': ('bigram', None, 'chain'),
+    't5_drafter_tree': ('d1kd', None, 'tree'),
+    'feature_head_tree': ('f128', None, 'tree'),
 }
+TREE = {'branching': (2,), 'chain': 2}
 TEMPERATURES = (0.0, 1.0)
 
 
@@ -52,7 +58,7 @@ def program_text(model: models.SpeculativeEncoderDecoderModel, params, decoder_p
 def hashes(models_dir: str) -> dict:
   target_module, target_params = loading.load_module_and_params(os.path.join(models_dir, 'target'))
   out = {}
-  for name, (drafter, vocab_file) in PROGRAMS.items():
+  for name, (drafter, vocab_file, loop) in PROGRAMS.items():
     for temperature in TEMPERATURES:
       decoder_params = {'temperature': temperature, 'topk': 0, 'topp': 0.0}
       if drafter is None:
@@ -63,11 +69,11 @@ def hashes(models_dir: str) -> dict:
                                                                          target_params)
         if vocab_file:
           vocab_ids = draft_vocab.load_ids(os.path.join(models_dir, vocab_file), target_module.config.vocab_size)
-        model = models.SpeculativeEncoderDecoderModel(target_module, drafter_module,
-                                                      decode_fn=decoding.speculative_sample,
+        decode_fn = tree_decoding.tree_speculative_sample if loop == 'tree' else decoding.speculative_sample
+        model = models.SpeculativeEncoderDecoderModel(target_module, drafter_module, decode_fn=decode_fn,
                                                       draft_vocab_ids=vocab_ids)
         params = model.with_draft_projection({'target': target_params, 'drafter': drafter_params})
-        decoder_params = dict(decoder_params, gamma=GAMMA, return_stats=True)
+        decoder_params = dict(decoder_params, **(TREE if loop == 'tree' else {'gamma': GAMMA}), return_stats=True)
       text = program_text(model, params, decoder_params)
       key = f'{name}_t{temperature:g}'
       out[key] = hashlib.sha256(text.encode()).hexdigest()

@@ -180,7 +180,7 @@ def validate_decode_args(inputs, eos_id, num_decodes: int = 1, temperature=1.0, 
           f'length of `inputs`), got {max_decode_steps}.')
 
 
-def _expand(x: jax.Array, num_decodes: int, axis: int = 0) -> jax.Array:
+def expand_rows(x: jax.Array, num_decodes: int, axis: int = 0) -> jax.Array:
   """Repeats each batch row in place: [[a],[b]] -> [a,a,...,b,b,...]."""
   return jnp.repeat(x, num_decodes, axis=axis)
 
@@ -191,17 +191,18 @@ def expand_cache(cache: PyTree, num_decodes: int, cache_offset: int = 0):
     return cache
   def expand_leaf(x):
     x = jnp.asarray(x)
-    return _expand(x, num_decodes, cache_offset) if x.ndim > cache_offset else x
+    return expand_rows(x, num_decodes, cache_offset) if x.ndim > cache_offset else x
   return jax.tree_util.tree_map(expand_leaf, cache)
 
 
-def _freeze_like(new_cache, old_cache):
+def freeze_like(new_cache, old_cache):
+  """`new_cache` as a FrozenDict where `old_cache` was one (a model's call may hand back a plain dict)."""
   if isinstance(old_cache, flax.core.FrozenDict):
     return flax.core.freeze(new_cache)
   return new_cache
 
 
-def _max_decode_len(inputs: jax.Array, max_decode_steps) -> jax.Array:
+def max_decode_len(inputs: jax.Array, max_decode_steps) -> jax.Array:
   """[B] the last position each row may fill (as T5X)."""
   length = inputs.shape[1]
   if max_decode_steps is None:
@@ -314,12 +315,12 @@ def temperature_sample(
     max_decode_steps = jnp.minimum(max_decode_steps, max_decode_steps_hard_limit)
 
   batch_size = inputs.shape[0]
-  inputs = _expand(inputs, num_decodes)
+  inputs = expand_rows(inputs, num_decodes)
   cache = expand_cache(cache, num_decodes, cache_offset)
   if initial_index is not None:
-    initial_index = _expand(initial_index, num_decodes)
+    initial_index = expand_rows(initial_index, num_decodes)
   rows, length = inputs.shape
-  max_len_b = _max_decode_len(inputs, max_decode_steps)
+  max_len_b = max_decode_len(inputs, max_decode_steps)
   # Known-greedy decoding takes argmax without drawing random numbers.
   known_greedy = sampling.static_greedy(temperature)
 
@@ -345,7 +346,7 @@ def temperature_sample(
     logits, new_cache = tokens_to_logits(DecodingState(
         cur_index=state.cur_index, sequences=state.sequences[:, :-2],
         cur_token=state.cur_token, cache=state.cache))
-    new_cache = _freeze_like(new_cache, state.cache)
+    new_cache = freeze_like(new_cache, state.cache)
     if logits.ndim == 3:  # The multi-token contract, k = 1.
       logits = logits[:, 0]
     if logit_callback_fn is not None:
@@ -585,7 +586,7 @@ def _draft_catch_up(spec: LoopSpec, state: SpeculativeLoopState) -> Tuple[jax.Ar
     logits_bkv, cache = spec.draft_tokens_to_logits(DecodingState(
         cur_index=start_b, sequences=state.sequences, cur_token=window_bk,
         cache=state.draft_cache))
-    cache = _freeze_like(cache, state.draft_cache)
+    cache = freeze_like(cache, state.draft_cache)
     # Row i-1 = 0 (at the start) reads its first slot: position i itself.
     logits_bv = jnp.take_along_axis(
         logits_bkv, jnp.minimum(i_b - start_b, k - 1)[:, None, None], axis=1)[:, 0]
@@ -613,7 +614,7 @@ def _feature_catch_up(spec: LoopSpec, state: SpeculativeLoopState
   logits_bkv, features_bke, cache = spec.draft_tokens_to_logits(
       DecodingState(cur_index=start_b, sequences=state.sequences, cur_token=window_bk,
                     cache=state.draft_cache), state.draft_features)
-  cache = _freeze_like(cache, state.draft_cache)
+  cache = freeze_like(cache, state.draft_cache)
   at_b11 = jnp.clip(state.cur_index - start_b, 0, gamma)[:, None, None]
   logits_bv = jnp.take_along_axis(logits_bkv, at_b11, axis=1)[:, 0]
   feature_be = jnp.take_along_axis(features_bke, at_b11, axis=1)[:, 0]
@@ -690,7 +691,7 @@ def draft_phase(spec: LoopSpec, state: SpeculativeLoopState,
       feature_be = feature_b1e[:, 0].astype(carry.feature_be.dtype)
     else:
       logits_b1v, new_cache = spec.draft_tokens_to_logits(call_state)
-    new_cache = _freeze_like(new_cache, carry.cache)
+    new_cache = freeze_like(new_cache, carry.cache)
     rng_j = None if rngs_g is None else rngs_g[j]
     token_b, logq_bv, confidence_b = _pick_draft(spec, state, j, logits_b1v[:, 0], rng_j)
     logq_bgv = carry.logq_bgv
@@ -758,7 +759,7 @@ def verify_phase(spec: LoopSpec, state: SpeculativeLoopState, drafts: Drafts) ->
     if width < spec.gamma + 1:
       logits_bwv = jnp.pad(logits_bwv, pad)
       features_bwe = None if features_bwe is None else jnp.pad(features_bwe, pad)
-    return Verified(logits_bwv, _freeze_like(cache, state.target_cache), features_bwe)
+    return Verified(logits_bwv, freeze_like(cache, state.target_cache), features_bwe)
 
   if spec.draft_confidence <= 0 or spec.gamma == 1:
     return call(spec.gamma + 1)
@@ -954,9 +955,9 @@ def _call_shapes(tokens_to_logits, cache, sequences_shape, k, name, *,
   return logits.shape, features
 
 
-def _check_models(inputs: jax.Array, gamma: int, cache, cache_offset: int, tokens_to_logits,
-                  draft_cache, draft_cache_offset: int, draft_tokens_to_logits,
-                  draft_reads_features: bool = False) -> Optional[jax.ShapeDtypeStruct]:
+def check_models(inputs: jax.Array, gamma: int, cache, cache_offset: int, tokens_to_logits,
+                 draft_cache, draft_cache_offset: int, draft_tokens_to_logits,
+                 draft_reads_features: bool = False) -> Optional[jax.ShapeDtypeStruct]:
   """Raises ValueError when the two models cannot run the loop on `inputs`.
 
   Both caches must hold every decode position, both models must follow the
@@ -1017,7 +1018,7 @@ def _initial_state(spec: LoopSpec, inputs: jax.Array, max_decode_steps, target_c
         draft_features=jnp.zeros((rows,) + features.shape[1:], features.dtype),
         feature_start=jnp.full((rows,), -1, jnp.int32))
   sequences0 = jnp.pad(inputs, ((0, 0), (0, spec.gamma + 2))).at[:, 0].set(0)
-  max_len_b = _max_decode_len(inputs, max_decode_steps)
+  max_len_b = max_decode_len(inputs, max_decode_steps)
   return SpeculativeLoopState(
       cur_index=jnp.zeros((rows,), jnp.int32), sequences=sequences0,
       # Prompt tokens (non-zero inputs past BOS) are given, never sampled.
@@ -1119,7 +1120,7 @@ def speculative_sample(
     decode_rng = jax.random.PRNGKey(0)
   if (max_decode_steps_hard_limit and max_decode_steps is not None):
     max_decode_steps = jnp.minimum(max_decode_steps, max_decode_steps_hard_limit)
-  features = _check_models(inputs, gamma, cache, cache_offset, tokens_to_logits, draft_cache,
+  features = check_models(inputs, gamma, cache, cache_offset, tokens_to_logits, draft_cache,
                            draft_cache_offset, draft_tokens_to_logits, bool(draft_reads_features))
 
   batch_size, length = inputs.shape
@@ -1130,7 +1131,7 @@ def speculative_sample(
       draft_confidence=float(draft_confidence), return_stats=return_stats,
       draft_reads_features=bool(draft_reads_features))
   state0 = _initial_state(
-      spec, _expand(inputs, num_decodes).astype(jnp.int32), max_decode_steps,
+      spec, expand_rows(inputs, num_decodes).astype(jnp.int32), max_decode_steps,
       expand_cache(cache, num_decodes, cache_offset),
       expand_cache(draft_cache, num_decodes, draft_cache_offset), decode_rng, features)
   return run_rounds(functools.partial(speculative_step, spec), state0,

@@ -380,7 +380,8 @@ def verify_tree_greedy(shape: TreeShape, tokens_bn: jax.Array, target_logits_bnv
 # ---------------------------------------------------------------------------
 
 
-def _check_rule(rule: str) -> None:
+def check_rule(rule: str) -> None:
+  """ValueError (one line) unless `rule` is one of the sibling rules (`RULES`)."""
   if rule not in RULES:
     raise ValueError(f'rule must be one of {RULES}, got {rule!r}.')
 
@@ -401,7 +402,7 @@ def draw_children(rng: jax.Array, logq_xv: jax.Array, k: int,
   A child is invalid where q had no mass left to draw it (fewer than k tokens
   with q > 0, without replacement or fixed).
   """
-  _check_rule(rule)
+  check_rule(rule)
   if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
     raise ValueError(f'k must be an int >= 1, got {k!r}.')
   logq_xv = jnp.asarray(logq_xv, jnp.float32)
@@ -427,7 +428,7 @@ def sibling_draft_log_probs(logq_xv: jax.Array, tokens_xk: jax.Array, valid_xk: 
   returned valid mask also drops a child whose q_i has no mass (it could not
   have been drawn).
   """
-  _check_rule(rule)
+  check_rule(rule)
   logq_xv = jnp.asarray(logq_xv)
   vocab = logq_xv.shape[-1]
   onehot_xkv = tokens_xk[..., None] == jnp.arange(vocab)
@@ -512,7 +513,7 @@ def verify_siblings(rng: jax.Array, logp_xv: jax.Array, logq_xv: jax.Array, toke
     valid_xk: [.., k] children that exist (default all).
     rule: how the children were drawn: one of RULES.
   """
-  _check_rule(rule)
+  check_rule(rule)
   tokens_xk = jnp.asarray(tokens_xk)
   if tokens_xk.shape[:-1] != logp_xv.shape[:-1] or logq_xv.shape != logp_xv.shape:
     raise ValueError(f'logp_xv {logp_xv.shape}, logq_xv {logq_xv.shape} and tokens_xk '
@@ -552,7 +553,7 @@ def verify_tree(rng: jax.Array, shape: TreeShape, tokens_bn: jax.Array,
       default all). An invalid node is never accepted.
     rule: how each node's children were drawn: one of RULES.
   """
-  _check_rule(rule)
+  check_rule(rule)
   tokens_bn = jnp.asarray(tokens_bn)
   _check_tree_inputs(shape, tokens_bn, target_logp_bnv, 'target_logp_bnv')
   if draft_logq_bnv is None:

@@ -187,7 +187,7 @@ def draft_phase(spec: TreeSpec, state: TreeLoopState, rng: Optional[jax.Array]) 
     logits_bkv, cache = spec.draft_tokens_to_logits(decoding.DecodingState(
         cur_index=start_b, sequences=state.sequences, cur_token=window_bk, cache=state.draft_cache))
     at_b11 = (i_b - start_b)[:, None, None]
-  cache = decoding._freeze_like(cache, state.draft_cache)  # pylint: disable=protected-access
+  cache = decoding.freeze_like(cache, state.draft_cache)
   node_logits = {0: jnp.take_along_axis(logits_bkv, at_b11, axis=1)[:, 0]}
   root_b = jnp.take_along_axis(state.sequences, i_b[:, None], axis=1)[:, 0]
   tokens_bn = jnp.zeros((rows, n), jnp.int32).at[:, 0].set(root_b)
@@ -218,7 +218,7 @@ def draft_phase(spec: TreeSpec, state: TreeLoopState, rng: Optional[jax.Array]) 
           node_features[node] = predicted_bme[:, m].astype(parents_bme.dtype)
       else:
         logits_bmv, cache = spec.draft_tokens_to_logits(call_state)
-      cache = decoding._freeze_like(cache, state.draft_cache)  # pylint: disable=protected-access
+      cache = decoding.freeze_like(cache, state.draft_cache)
       for m, node in enumerate(level):
         node_logits[node] = logits_bmv[:, m]
   logq_bnv = None
@@ -242,7 +242,7 @@ def verify_phase(spec: TreeSpec, state: TreeLoopState, drafts: TreeDrafts
     features_bne = features_bne.astype(state.draft_features.dtype)
   else:
     logits_bnv, cache = spec.tokens_to_logits(call_state)
-  return logits_bnv, decoding._freeze_like(cache, state.target_cache), features_bne  # pylint: disable=protected-access
+  return logits_bnv, decoding.freeze_like(cache, state.target_cache), features_bne
 
 
 def accept_phase(spec: TreeSpec, drafts: TreeDrafts, logits_bnv: jax.Array, rng: Optional[jax.Array]
@@ -351,7 +351,7 @@ def _check_takes_layout(tokens_to_logits, cache, shape: draft_tree.TreeShape, se
 
 
 def _check_tree_settings(branching, chain, rule, inputs) -> draft_tree.TreeShape:
-  draft_tree._check_rule(rule)  # pylint: disable=protected-access
+  draft_tree.check_rule(rule)
   shape = draft_tree.static_tree(tuple(branching), chain)
   if not isinstance(inputs, jax.core.Tracer) and getattr(inputs, 'is_fully_addressable', True):
     if np.any(np.asarray(inputs)[:, 1:] != 0):
@@ -410,7 +410,7 @@ def tree_speculative_sample(
     decode_rng = jax.random.PRNGKey(0)
   if max_decode_steps_hard_limit and max_decode_steps is not None:
     max_decode_steps = jnp.minimum(max_decode_steps, max_decode_steps_hard_limit)
-  features = decoding._check_models(  # pylint: disable=protected-access
+  features = decoding.check_models(
       inputs, shape.num_nodes - 1, cache, cache_offset, tokens_to_logits, draft_cache, draft_cache_offset,
       draft_tokens_to_logits, bool(draft_reads_features))
   target_lengths = decoding.position_cache_lengths(cache, cache_offset)
@@ -429,10 +429,10 @@ def tree_speculative_sample(
                   draft_length=draft_length, temperature=temperature, topk=topk, topp=topp, rule=rule,
                   rescale_log_probs=rescale_log_probs, return_stats=return_stats,
                   draft_reads_features=bool(draft_reads_features))
-  inputs_x = decoding._expand(inputs, num_decodes).astype(jnp.int32)  # pylint: disable=protected-access
+  inputs_x = decoding.expand_rows(inputs, num_decodes).astype(jnp.int32)
   rows = inputs_x.shape[0]
   sequences0 = jnp.pad(inputs_x, ((0, 0), (0, shape.max_depth + 2))).at[:, 0].set(0)
-  max_len_b = decoding._max_decode_len(inputs_x, max_decode_steps)  # pylint: disable=protected-access
+  max_len_b = decoding.max_decode_len(inputs_x, max_decode_steps)
   zeros_b = jnp.zeros((rows,), jnp.int32)
   stats0 = (dict(target_calls=zeros_b, accepted=zeros_b, emitted=zeros_b,
                  accepted_at=jnp.zeros((rows, shape.max_depth), jnp.int32)) if return_stats else {})

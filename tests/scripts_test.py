@@ -574,7 +574,7 @@ _CPU_V2 = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def test_hash_decode_programs_names_each_program_that_changed(tmp_path, monkeypatch, capsys):
   import hash_decode_programs  # pylint: disable=g-import-not-at-top
-  monkeypatch.setattr(hash_decode_programs, 'PROGRAMS', {'ngram': ('bigram', None)})
+  monkeypatch.setattr(hash_decode_programs, 'PROGRAMS', {'ngram': ('bigram', None, 'chain')})
   monkeypatch.setattr(hash_decode_programs, 'TEMPERATURES', (0.0, 1.0))
   stored = tmp_path / 'hashes.json'
   assert hash_decode_programs.main(['--models', _CPU_V2, '--out', str(stored)]) == 0
