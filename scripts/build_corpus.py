@@ -27,6 +27,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                 ".."))
 
+from specdec.data import apt_lists  # pylint: disable=g-import-not-at-top
 from specdec.data import corpora  # pylint: disable=g-import-not-at-top
 from specdec import fileio  # pylint: disable=g-import-not-at-top
 from specdec.data import parallel_sources  # pylint: disable=g-import-not-at-top
@@ -74,7 +75,7 @@ def main(argv=None) -> int:
   parser.add_argument("--apt_dir", default="data/apt",
                       help="private apt folder (config, lists, cache)")
   parser.add_argument("--apt_get", default=None,
-                      help=f"apt-get binary (default ${corpora.APT_GET_ENV} "
+                      help=f"apt-get binary (default ${apt_lists.APT_GET_ENV} "
                            "or apt-get on PATH)")
   parser.add_argument("--ratios", default=",".join(
       str(r) for r in corpora.DEFAULT_RATIOS),
@@ -131,7 +132,7 @@ def main(argv=None) -> int:
               os.path.join(args.apt_dir, "apt.conf"),
               parallel_sources.package_names(doc_packages, gettext_packages),
               os.path.join(args.extra_dir, "debs"),
-              apt_get=corpora.resolve_apt_get(args.apt_get), log=log)
+              apt_get=apt_lists.resolve_apt_get(args.apt_get), log=log)
           inputs = parallel_sources.unpack_debs(debs, packages_dir, log=log)
         elif not os.path.isdir(packages_dir):
           raise RuntimeError(

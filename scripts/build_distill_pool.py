@@ -21,7 +21,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                 ".."))
 
-from specdec.data import corpora  # pylint: disable=g-import-not-at-top,wrong-import-position
+from specdec.data import apt_lists  # pylint: disable=g-import-not-at-top,wrong-import-position
 from specdec.data import distill_pool  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
@@ -57,7 +57,7 @@ def main(argv=None) -> int:
   parser.add_argument("--skip_fetch", action="store_true",
                       help="use the lists already in --apt_dir (no apt-get)")
   parser.add_argument("--apt_get", default=None,
-                      help=f"apt-get binary (default ${corpora.APT_GET_ENV} "
+                      help=f"apt-get binary (default ${apt_lists.APT_GET_ENV} "
                            "or apt-get on PATH)")
   args = parser.parse_args(argv)
 

@@ -17,7 +17,7 @@ exist, and that the drafter's vocabulary is the target's where both checkpoints 
 
 import dataclasses
 import json
-from typing import Any, Mapping, Optional, Sequence, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
 from specdec import fileio
 from specdec import ngram

@@ -27,7 +27,7 @@ through the tree): `inputs` must be zero past BOS.
 import dataclasses
 import functools
 import inspect
-from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Mapping, Optional, Sequence, Tuple, Union
 
 import flax
 import jax

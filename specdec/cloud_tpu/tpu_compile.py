@@ -16,7 +16,7 @@ import json
 import os
 import re
 import time
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, Mapping, Optional
 
 from specdec import fileio
 

@@ -22,7 +22,7 @@ A `Program` names the program and lowers it on demand (`lower()`), so a caller c
 
 import dataclasses
 import os
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import gin
 import jax

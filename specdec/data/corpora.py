@@ -53,13 +53,12 @@ import json
 import lzma
 import os
 import re
-import shutil
-import subprocess
 import time
 from typing import (Callable, Collection, Dict, Iterable, Iterator, List,
                     Mapping, Optional, Sequence, Tuple)
 
 from specdec import fileio
+from specdec.data import apt_lists
 from specdec.task_names import CORPORA
 from specdec.task_names import SUMMARIZATION_CORPUS
 from specdec.task_names import SUMMARIZE_PREFIX
@@ -79,9 +78,6 @@ LEAK_PREFIX_WORDS = 25
 
 MANIFEST_NAME = "manifest.json"
 FORMAT_VERSION = 1
-
-# Environment variable naming the apt-get binary (tests point it elsewhere).
-APT_GET_ENV = "SPECDEC_APT_GET"
 
 LIST_KINDS = ("Translation-en", "Translation-de", "Packages")
 _COMPRESSIONS = ("gz", "xz", "bz2", "lz4", "zst")
@@ -110,68 +106,6 @@ _HELP = (
     "into a private folder; the system's own apt state is not touched), or "
     "pass lists_dir (--lists_dir) pointing at already-downloaded lists.")
 
-# System apt settings carried over to the private configuration (which
-# replaces apt.conf.d); passed as -o options so they are never written to disk.
-_FORWARD_KEYS = re.compile(
-    r"^Acquire::(Check-Valid-Until|Check-Date|Retries|"
-    r"(https?|ftp)::(Proxy|Timeout)(::[^\s]+)?)$")
-
-
-def resolve_apt_get(apt_get: Optional[str] = None) -> str:
-  """Returns the path of the apt-get binary or raises a clear RuntimeError."""
-  name = apt_get or os.environ.get(APT_GET_ENV) or "apt-get"
-  if os.sep in name:
-    path = name if (os.path.isfile(name) and os.access(name, os.X_OK)) else None
-  else:
-    path = shutil.which(name)
-  if not path:
-    raise RuntimeError(f"apt-get not found (looked for {name!r}). {_HELP}")
-  return path
-
-
-def _forwarded_apt_options(apt_get: str) -> List[str]:
-  """Reads a few network settings from the system's apt configuration."""
-  apt_config = os.path.join(os.path.dirname(apt_get), "apt-config")
-  if not os.access(apt_config, os.X_OK):
-    return []
-  env = dict(os.environ)
-  env.pop("APT_CONFIG", None)
-  try:
-    out = subprocess.run([apt_config, "dump"], env=env, capture_output=True,
-                         text=True, timeout=60, check=True).stdout
-  except (OSError, subprocess.SubprocessError):
-    return []
-  options = []
-  for line in out.splitlines():
-    m = re.match(r'^(\S+) "(.*)";$', line)
-    if m and _FORWARD_KEYS.match(m.group(1)):
-      options += ["-o", f"{m.group(1)}={m.group(2)}"]
-  return options
-
-
-def write_apt_config(apt_dir: str,
-                     languages: Sequence[str] = ("en", "de")) -> str:
-  """Writes the private apt configuration; returns its path."""
-  apt_dir = os.path.abspath(apt_dir)
-  parts = os.path.join(apt_dir, "parts")
-  lists = os.path.join(apt_dir, "lists")
-  cache = os.path.join(apt_dir, "cache")
-  if os.path.isdir(parts):
-    shutil.rmtree(parts)
-  os.makedirs(parts)  # empty: the system's apt.conf.d is not read
-  os.makedirs(os.path.join(lists, "partial"), exist_ok=True)
-  os.makedirs(os.path.join(cache, "archives", "partial"), exist_ok=True)
-  langs = " ".join(f'"{lang}";' for lang in languages)
-  conf = (f'Dir::Etc::Parts "{parts}";\n'
-          f'Dir::State::Lists "{lists}";\n'
-          f'Dir::Cache "{cache}";\n'
-          f'Acquire::Languages {{ {langs} }};\n'
-          'Acquire::GzipIndexes "false";\n')
-  path = os.path.join(apt_dir, "apt.conf")
-  fileio.atomic_write(path, conf.encode("utf-8"))
-  return path
-
-
 def fetch_lists(apt_dir: str,
                 apt_get: Optional[str] = None,
                 languages: Sequence[str] = ("en", "de"),
@@ -194,27 +128,11 @@ def fetch_lists(apt_dir: str,
   Raises:
     RuntimeError: apt-get is missing, we are not root, or the update failed.
   """
-  apt_get = resolve_apt_get(apt_get)
-  if hasattr(os, "geteuid") and os.geteuid() != 0:
-    raise RuntimeError(
-        f"`apt-get update` needs root (running as uid {os.geteuid()}). "
-        f"{_HELP}")
-  conf = write_apt_config(apt_dir, languages)
-  lists_dir = os.path.join(os.path.abspath(apt_dir), "lists")
-  env = dict(os.environ, APT_CONFIG=conf, LC_ALL="C")
-  cmd = [apt_get, "update"] + _forwarded_apt_options(apt_get)
-  log(f"running apt-get update with APT_CONFIG={conf}")
-  t0 = time.time()
-  try:
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
-                          timeout=timeout)
-  except (OSError, subprocess.SubprocessError) as e:
-    raise RuntimeError(f"apt-get update failed to run: {e}. {_HELP}") from e
-  if proc.returncode != 0:
-    tail = (proc.stdout + proc.stderr)[-2000:]
-    raise RuntimeError(
-        f"apt-get update exited with {proc.returncode}:\n{tail}\n{_HELP}")
-  log(f"apt-get update done in {time.time() - t0:.1f}s")
+  apt_get = apt_lists.resolve_apt_get(apt_get, remedy=_HELP)
+  apt_lists.require_root(remedy=_HELP)
+  conf = apt_lists.write_config(apt_dir, languages)
+  apt_lists.run_update(apt_get, conf, timeout=timeout, log=log, remedy=_HELP)
+  lists_dir = apt_lists.lists_dir(apt_dir)
   found = find_lists(lists_dir)  # raises if a kind is missing
   for kind in LIST_KINDS:
     for path in found[kind]:

@@ -54,13 +54,13 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import tempfile
 import time
 from typing import (AbstractSet, Callable, Dict, Iterable, List, Mapping, Optional,
                     Sequence, Set, Tuple)
 
 from specdec import fileio
+from specdec.data import apt_lists
 from specdec.data import corpora
 
 POOL_ORIGIN = "ddtp-pool"
@@ -139,32 +139,14 @@ def parse_sources_lines(text: str) -> List[AptSource]:
   return out
 
 
-def _apt_config_dump(apt_get: str) -> Dict[str, str]:
-  apt_config = os.path.join(os.path.dirname(apt_get), "apt-config")
-  env = dict(os.environ)
-  env.pop("APT_CONFIG", None)
-  try:
-    out = subprocess.run([apt_config, "dump"], env=env, capture_output=True,
-                         text=True, timeout=60, check=True).stdout
-  except (OSError, subprocess.SubprocessError) as e:
-    raise RuntimeError(f"could not read the system's apt configuration with "
-                       f"{apt_config} dump: {e}") from e
-  values = {}
-  for line in out.splitlines():
-    m = re.match(r'^(\S+) "(.*)";$', line)
-    if m:
-      values.setdefault(m.group(1).lower(), m.group(2))
-  return values
-
-
 def read_system_sources(apt_get: Optional[str] = None) -> List[AptSource]:
   """The `deb` entries of the system's apt sources (read at run time).
 
   Reads the files apt reads: Dir::Etc::SourceList and the `*.list` /
   `*.sources` files of Dir::Etc::SourceParts (as `apt-config dump` names them).
   """
-  apt_get = corpora.resolve_apt_get(apt_get)
-  conf = _apt_config_dump(apt_get)
+  apt_get = apt_lists.resolve_apt_get(apt_get)
+  conf = apt_lists.system_config(apt_get)
   root = conf.get("dir", "/")
   etc = os.path.join(root, conf.get("dir::etc", "etc/apt"))
   source_list = os.path.join(etc, conf.get("dir::etc::sourcelist",
@@ -268,20 +250,16 @@ def fetch_pool_lists(apt_dir: str,
   Raises:
     RuntimeError: apt-get is missing, we are not root, or the update failed.
   """
-  apt_get = corpora.resolve_apt_get(apt_get)
-  if hasattr(os, "geteuid") and os.geteuid() != 0:
-    raise RuntimeError(
-        f"`apt-get update` needs root (running as uid {os.geteuid()}); pass "
-        "lists already downloaded (--skip_fetch) instead.")
+  apt_get = apt_lists.resolve_apt_get(apt_get)
+  apt_lists.require_root(remedy="Pass lists already downloaded (--skip_fetch) instead.")
   entries = derive_sources(read_system_sources(apt_get), releases, components,
                            have)
   for e in entries:
     log(f"  fetch {e.suites[0]}: {' '.join(e.components)}")
-  conf = corpora.write_apt_config(apt_dir, languages=("en",))
-  lists_dir = os.path.join(os.path.abspath(apt_dir), "lists")
+  conf = apt_lists.write_config(apt_dir, languages=("en",))
+  lists_dir = apt_lists.lists_dir(apt_dir)
   if not entries:
     return lists_dir
-  env = dict(os.environ, APT_CONFIG=conf, LC_ALL="C")
   with tempfile.TemporaryDirectory(prefix="specdec-pool-sources-") as tmp:
     sources = os.path.join(tmp, "pool.sources")
     parts = os.path.join(tmp, "parts")
@@ -290,23 +268,12 @@ def fetch_pool_lists(apt_dir: str,
       f.write(render_sources(entries))
     # A deb822 file must be named *.sources and sit in SourceParts.
     os.replace(sources, os.path.join(parts, "pool.sources"))
-    cmd = ([apt_get, "update", "-o", "Dir::Etc::SourceList=/dev/null",
-            "-o", f"Dir::Etc::SourceParts={parts}"]
-           + corpora._forwarded_apt_options(apt_get))  # pylint: disable=protected-access
-    log("running apt-get update (private config and sources)")
-    t0 = time.time()
-    try:
-      proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
-                            timeout=timeout)
-    except (OSError, subprocess.SubprocessError) as e:
-      raise RuntimeError(f"apt-get update failed to run: {e}") from e
-  if proc.returncode != 0:
-    tail = (proc.stdout + proc.stderr)[-2000:]
-    raise RuntimeError(f"apt-get update exited with {proc.returncode}:\n{tail}")
+    proc = apt_lists.run_update(
+        apt_get, conf, ["-o", "Dir::Etc::SourceList=/dev/null", "-o", f"Dir::Etc::SourceParts={parts}"],
+        timeout=timeout, log=log)
   for line in proc.stderr.splitlines():
     if line.startswith(("W:", "E:")):
       log(f"  apt: {_without_hosts(line)}")
-  log(f"apt-get update done in {time.time() - t0:.1f}s")
   return lists_dir
 
 

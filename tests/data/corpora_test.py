@@ -14,6 +14,7 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 
+from specdec.data import apt_lists  # pylint: disable=g-import-not-at-top
 from specdec.data import corpora  # pylint: disable=g-import-not-at-top
 from specdec import fileio  # pylint: disable=g-import-not-at-top
 
@@ -349,11 +350,11 @@ def test_build_corpus_script(tmp_path):
 def test_missing_apt_get_is_a_clear_error(tmp_path, monkeypatch):
   with pytest.raises(RuntimeError, match=r"apt-get not found.*--lists_dir"):
     corpora.fetch_lists(str(tmp_path), apt_get="/nonexistent/bin/apt-get")
-  monkeypatch.setenv(corpora.APT_GET_ENV, "/nonexistent/bin/apt-get")
+  monkeypatch.setenv(apt_lists.APT_GET_ENV, "/nonexistent/bin/apt-get")
   with pytest.raises(RuntimeError, match="apt-get not found"):
     corpora.fetch_lists(str(tmp_path))
   monkeypatch.setenv("PATH", str(tmp_path))
-  monkeypatch.delenv(corpora.APT_GET_ENV)
+  monkeypatch.delenv(apt_lists.APT_GET_ENV)
   with pytest.raises(RuntimeError, match="apt-get not found"):
     corpora.fetch_lists(str(tmp_path))
 
