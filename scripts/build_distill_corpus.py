@@ -62,17 +62,26 @@ from specdec import task_names  # pylint: disable=g-import-not-at-top,wrong-impo
 
 TASK_DIRS = {task_names.ENDE_LOCAL_TASK: 'translate_en_de',
              task_names.SUMMARIZE_LOCAL_TASK: 'summarize_ddtp'}
+# The input lengths this corpus's batches are padded to (`evaluation.bucket_length`), kept as the shipped corpora
+# were decoded: other paddings decode the same text in other programs.
 BUCKETS = (16, 32, 64, 96, 128, 256, 512)
 DEFAULT_SHARD_SIZE = 4096
 SHARDS_DIR = 'shards'
 LAYOUT_NAME = 'layout.json'
 
 
-def bucket_length(n: int, max_len: int) -> int:
-  for b in BUCKETS:
-    if n <= b:
-      return min(b, max_len)
-  return max_len
+def model_batch(examples, idx, batch_size, lengths):
+  """The model batch of `examples[i] for i in idx`: inputs padded to their bucket (`BUCKETS`), `batch_size` rows
+  (the rows past `idx` all padding), all target positions free."""
+  from specdec import evaluation  # pylint: disable=g-import-not-at-top
+  in_len = evaluation.bucket_length(max(len(examples[i]['inputs']) for i in idx), lengths['inputs'],
+                                    buckets=BUCKETS)
+  enc = np.zeros((batch_size, in_len), np.int32)
+  for row, i in enumerate(idx):
+    tokens = np.asarray(examples[i]['inputs'])[:in_len]
+    enc[row, :len(tokens)] = tokens
+  return {'encoder_input_tokens': enc,
+          'decoder_input_tokens': np.zeros((batch_size, lengths['targets']), np.int32)}
 
 
 def fingerprint(model_dir, corpus_dir, lengths, temperature, seed, max_examples):
@@ -292,13 +301,7 @@ def distill_task(task_name, corpus_dir, out_dir, predict, params, lengths,
   vocab = seqio_vocab(task_name)
 
   def decode_batch(first, idx):
-    in_len = bucket_length(max(len(examples[i]['inputs']) for i in idx), lengths['inputs'])
-    enc = np.zeros((batch_size, in_len), np.int32)
-    for row, i in enumerate(idx):
-      tokens = np.asarray(examples[i]['inputs'])[:in_len]
-      enc[row, :len(tokens)] = tokens
-    batch = {'encoder_input_tokens': enc,
-             'decoder_input_tokens': np.zeros((batch_size, lengths['targets']), np.int32)}
+    batch = model_batch(examples, idx, batch_size, lengths)
     # One key per batch, from its first example's sorted position (as before sharding).
     rng = jax.random.fold_in(jax.random.PRNGKey(seed), int(first)) if temperature else None
     out, _ = predict(params, batch, rng)

@@ -190,14 +190,7 @@ def decode_heldout(task_name, label, predict, params, lengths, max_examples, bat
   batches = bdc.plan_batches([len(ex['inputs']) for ex in examples], batch_size)
   start, done = time.perf_counter(), 0
   for idx in batches:
-    in_len = bdc.bucket_length(max(len(examples[i]['inputs']) for i in idx), lengths['inputs'])
-    enc = np.zeros((batch_size, in_len), np.int32)
-    for row, i in enumerate(idx):
-      tokens = np.asarray(examples[i]['inputs'])[:in_len]
-      enc[row, :len(tokens)] = tokens
-    batch = {'encoder_input_tokens': enc,
-             'decoder_input_tokens': np.zeros((batch_size, lengths['targets']), np.int32)}
-    out, _ = predict(params, batch)
+    out, _ = predict(params, bdc.model_batch(examples, idx, batch_size, lengths))
     out = np.asarray(out)
     for row, i in enumerate(idx):
       decodes[int(i)] = decode_ids(out[row])

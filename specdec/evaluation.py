@@ -45,11 +45,13 @@ def task_examples(task_name: str, split: str, feature_lengths: Mapping[str, int]
   return list(ds.as_numpy_iterator())
 
 
-def bucket_length(length: int, max_length: int, use_buckets: bool = True) -> int:
-  """The padded input length for an input of `length` tokens."""
+def bucket_length(length: int, max_length: int, use_buckets: bool = True,
+                  buckets: Sequence[int] = LENGTH_BUCKETS) -> int:
+  """The padded input length for an input of `length` tokens: the first of `buckets` that holds it, at most
+  `max_length`."""
   if not use_buckets:
     return max_length
-  for b in LENGTH_BUCKETS:
+  for b in buckets:
     if length <= b:
       return min(b, max_length)
   return max_length

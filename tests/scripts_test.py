@@ -585,3 +585,15 @@ def test_hash_decode_programs_names_each_program_that_changed(tmp_path, monkeypa
   stored.write_text(json.dumps(dict(found, ngram_t1='0' * 64)))
   assert hash_decode_programs.main(['--models', _CPU_V2, '--compare', str(stored)]) == 1
   assert capsys.readouterr().out.strip().endswith('differ: ngram_t1')
+
+
+def test_distill_model_batch_pads_inputs_to_the_corpus_buckets():
+  import build_distill_corpus as bdc  # pylint: disable=g-import-not-at-top
+  examples = [{'inputs': np.arange(2, 22)}, {'inputs': np.arange(2, 42)}, {'inputs': np.arange(2, 200)}]
+  batch = bdc.model_batch(examples, [1, 0], 4, {'inputs': 96, 'targets': 8})
+  assert batch['encoder_input_tokens'].shape == (4, 64) and batch['decoder_input_tokens'].shape == (4, 8)
+  np.testing.assert_array_equal(batch['encoder_input_tokens'][0, :40], np.arange(2, 42))
+  np.testing.assert_array_equal(batch['encoder_input_tokens'][1, :20], np.arange(2, 22))
+  assert not batch['encoder_input_tokens'][1, 20:].any() and not batch['encoder_input_tokens'][2:].any()
+  # Past the last bucket within the length: the configured length (96 here, not the corpus's 128 bucket).
+  assert bdc.model_batch(examples, [2], 1, {'inputs': 96, 'targets': 8})['encoder_input_tokens'].shape == (1, 96)
