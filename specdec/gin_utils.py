@@ -66,6 +66,20 @@ def split_gin_args(argv: Sequence[str]) -> Tuple[List[str], List[str], List[str]
   return files, bindings, rest
 
 
+def launch_args(argv: Sequence[str], other_flags: Sequence[str] = ()) -> Tuple[List[str], List[str], bool]:
+  """(gin files, gin bindings, --multihost given) of a launcher's command line (`split_gin_args`).
+
+  ValueError (one line, listing what is taken: the gin flags, --multihost and `other_flags`) for anything else.
+  """
+  files, bindings, rest = split_gin_args(argv)
+  multihost = '--multihost' in rest
+  rest = [a for a in rest if a != '--multihost']
+  if rest:
+    taken = ', '.join(['--gin_file=PATH', '--gin.NAME=VALUE', '--multihost', *other_flags])
+    raise ValueError(f'unknown arguments {rest} (use {taken}).')
+  return files, bindings, multihost
+
+
 def _package_file_exists(config_path: str) -> bool:
   """gin's package-resource existence check, without its failure modes.
 

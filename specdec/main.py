@@ -435,14 +435,9 @@ def parse_command_line(argv: Sequence[str]) -> bool:
   UsageError (one line) for an unknown argument, a missing gin file or a malformed binding.
   """
   try:
-    files, bindings, rest = gin_utils.split_gin_args(argv)
+    files, bindings, multihost = gin_utils.launch_args(argv, other_flags=('--debug; --help lists them',))
   except ValueError as e:
     raise UsageError(str(e)) from None
-  multihost = '--multihost' in rest
-  rest = [a for a in rest if a != '--multihost']
-  if rest:
-    raise UsageError(f'unknown arguments {rest} (use --gin_file=PATH, --gin.NAME=VALUE, --multihost, --debug; '
-                     '--help lists them).')
   try:
     gin_utils.parse(files or [DEFAULT_GIN_FILE], bindings, renamed=run_config.FORMER_RUN_PARAMETERS)
   except FileNotFoundError as e:

@@ -82,6 +82,18 @@ class TestSplitGinArgs:
     assert gin_utils.split_gin_args(('--gin.A=1',)) == ([], ['A = 1'], [])
 
 
+class TestLaunchArgs:
+
+  def test_gin_flags_and_multihost(self):
+    assert gin_utils.launch_args(['--gin_file=a.gin', '--multihost', '--gin.X=1']) == (['a.gin'], ['X = 1'], True)
+    assert gin_utils.launch_args(['--gin_file=a.gin']) == (['a.gin'], [], False)
+
+  def test_anything_else_is_one_line_naming_what_is_taken(self):
+    with pytest.raises(ValueError, match=r"^unknown arguments \['--bogus'\] \(use --gin_file=PATH, --gin.NAME=VALUE, "
+                                         r"--multihost, --debug\)\.$"):
+      gin_utils.launch_args(['--multihost', '--bogus'], other_flags=('--debug',))
+
+
 class TestParse:
 
   def test_repo_gin_dir(self):

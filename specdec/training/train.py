@@ -860,12 +860,10 @@ def parse_config(argv, program: str = 'specdec.training.train') -> train_config.
   every host of a TPU pod slice runs the same command). Errors end in one line
   naming `program`.
   """
-  files, bindings, rest = gin_utils.split_gin_args(argv)
-  multihost = '--multihost' in rest
-  rest = [a for a in rest if a != '--multihost']
-  if rest:
-    raise SystemExit(f'Unknown arguments: {rest} (use --gin_file=PATH, --gin.NAME=VALUE, '
-                     '--multihost).')
+  try:
+    files, bindings, multihost = gin_utils.launch_args(argv)
+  except ValueError as e:
+    raise SystemExit(f'{program}: {e}') from None
   if multihost:
     partitioning.initialize_multihost(enabled=True)
   try:
