@@ -28,11 +28,11 @@ from specdec import import_order  # pylint: disable=g-import-not-at-top,wrong-im
 import_order.import_tensorflow_quietly()  # before the modules below import seqio, and with it TF
 
 from specdec.bench import benchmark  # pylint: disable=g-import-not-at-top,wrong-import-position
+from specdec.bench import cost_model
 from specdec import fileio
 from specdec import fingerprint
 from specdec import loading
 from specdec.bench import plots
-from specdec.bench import profiling
 from specdec.bench import reporting
 from specdec import settings
 from specdec.bench import tables
@@ -188,13 +188,13 @@ def verify_curve(runs):
 
 
 def in_loop_costs(runs):
-  """Fits t_iter(γ) = a + b·γ over a drafter's γ runs (`profiling.fit_fixed_and_per_step`, γ as the steps);
+  """Fits t_iter(γ) = a + b·γ over a drafter's γ runs (`cost_model.fit_fixed_and_per_step`, γ as the steps);
   returns a, b, t_tok and their ratios (seconds). With a single γ there is no slope: b is nan."""
   gammas = [s['setting']['gamma'] for s in runs]
   t_iter = np.array([s['speculative_seconds'] / s['target_calls'] for s in runs])
   t_tok = float(sum(s['baseline_seconds'] for s in runs) / sum(s['baseline_tokens'] for s in runs))
   try:
-    fit = profiling.fit_fixed_and_per_step(gammas, t_iter)
+    fit = cost_model.fit_fixed_and_per_step(gammas, t_iter)
   except ValueError:  # a single γ: no slope
     return {'a': float(t_iter.mean()), 'b': float('nan'), 't_tok': t_tok, 'c_in_situ': float('nan'),
             'a_over_t_tok': float(t_iter.mean()) / t_tok}

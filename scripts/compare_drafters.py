@@ -39,6 +39,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from specdec.bench import auto_gamma  # pylint: disable=g-import-not-at-top,wrong-import-position
+from specdec.bench import cost_model
 from specdec import decoding
 from specdec import draft_vocab
 from specdec import evaluation
@@ -158,7 +159,7 @@ def compare(args) -> dict:
   for family, _ in families:
     plain = timed[label(family, 'baseline', modes[0])]
     base_tokens = [max(evaluation.num_tokens(row, 1) for row in np.asarray(out[0])) for out in plain['outputs']]
-    token_s = profiling.fit_fixed_and_per_step(base_tokens, plain['seconds'])['per_step_s'] if fit else None
+    token_s = cost_model.fit_fixed_and_per_step(base_tokens, plain['seconds'])['per_step_s'] if fit else None
     baselines[family] = {'seconds': sum(plain['seconds']), 'token_s': token_s}
     tag = {'family': family} if several else {}
     for shrink in modes:
@@ -177,7 +178,7 @@ def compare(args) -> dict:
         round_s = float('nan')
         if fit:
           try:
-            round_s = profiling.fit_fixed_and_per_step(rounds, entry['seconds'])['per_step_s']
+            round_s = cost_model.fit_fixed_and_per_step(rounds, entry['seconds'])['per_step_s']
           except ValueError:  # every example took the same number of rounds
             pass
         drafter, gamma, confidence = run

@@ -26,9 +26,11 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
 
-from specdec import decoding  # pylint: disable=g-import-not-at-top
+from specdec.bench import cost_model  # pylint: disable=g-import-not-at-top
+from specdec import decoding
 from specdec import evaluation
 from specdec import fileio
+from specdec.bench import hlo_facts
 from specdec import loading
 from specdec import models
 from specdec.bench import profiling
@@ -113,20 +115,20 @@ def profile(args) -> dict:
     width_check['baseline_s'] += profiling.median_seconds(lambda: base_predict(bp, batch, rng), repeats=args.repeats)
     width_check['width2_s'] += profiling.median_seconds(lambda: wide_predict(bp, batch, rng), repeats=args.repeats)
   print('kernels (jax.profiler) ...', flush=True)
-  traces = {'baseline': profiling.trace_kernel_breakdown(lambda: base_predict(bp, first, jax.random.PRNGKey(0))),
-            'speculative': profiling.trace_kernel_breakdown(lambda: spec_predict(sp, first, jax.random.PRNGKey(0)))}
+  traces = {'baseline': hlo_facts.trace_kernel_breakdown(lambda: base_predict(bp, first, jax.random.PRNGKey(0))),
+            'speculative': hlo_facts.trace_kernel_breakdown(lambda: spec_predict(sp, first, jax.random.PRNGKey(0)))}
   try:
-    fitted = profiling.fitted_costs(rows)
+    fitted = cost_model.fitted_costs(rows)
   except ValueError as e:  # every example took the same number of steps
     print(f'no fit: {e}', flush=True)
     fitted = None
   print('HLO ...', flush=True)
   # Each program compiled once; both readings come from its text.
-  texts = {'baseline': profiling.compiled_predict_text(base, bp, first, decoder_params),
-           'speculative': profiling.compiled_predict_text(spec, sp, first,
+  texts = {'baseline': hlo_facts.compiled_predict_text(base, bp, first, decoder_params),
+           'speculative': hlo_facts.compiled_predict_text(spec, sp, first,
                                                           dict(spec_params, return_stats=False))}
-  hlo = {decoder: profiling.loop_facts(text) for decoder, text in texts.items()}
-  loop_kernels = {decoder: profiling.loop_kernels_by_origin(text) for decoder, text in texts.items()}
+  hlo = {decoder: hlo_facts.loop_facts(text) for decoder, text in texts.items()}
+  loop_kernels = {decoder: hlo_facts.loop_kernels_by_origin(text) for decoder, text in texts.items()}
 
   base_total = sum(r['baseline_s'] for r in rows)
   spec_total = sum(r['speculative_s'] for r in rows)
@@ -143,7 +145,7 @@ def profile(args) -> dict:
       'identical': all(r['identical'] for r in rows) if args.temperature == 0 else None,
       'predicted_speedup_isolated': float(theory.predicted_speedup_from_costs(
           alpha, args.gamma, isolated['draft_call_s'], isolated['target_call_s'], isolated['verify_call_s'])),
-      'predicted_speedup_in_loop': profiling.predicted_speedup_in_loop(
+      'predicted_speedup_in_loop': cost_model.predicted_speedup_in_loop(
           in_loop, [r['tokens'] for r in rows], [r['target_calls'] for r in rows]),
       'machine': reporting.machine_info(), 'date': datetime.date.today().isoformat(),
       'command': 'python ' + ' '.join(['scripts/profile_decode.py'] + sys.argv[1:]),
@@ -271,7 +273,7 @@ def drafter_call_lines(dk, target_call_s):
     if not k['largest_operand']:  # the runtime's own cost: no instruction, no shape
       lines.append(f"| `{k['kernel']}` | {k['us']:.1f} | | | |")
       continue
-    mb = profiling.shape_bytes(k['largest_operand']) / 1e6
+    mb = hlo_facts.shape_bytes(k['largest_operand']) / 1e6
     lines.append(f"| `{k['kernel']}` | {k['us']:.1f} | `{k['shape']}` | `{k['largest_operand']}` | {mb:.2f} |")
   return lines + ['']
 
@@ -282,7 +284,7 @@ def kernel_origin_lines(loop_kernels):
     return []
   base = loop_kernels['baseline']
   spec = loop_kernels['speculative']
-  phases = [ph for ph in profiling.PHASES + ('loop',) if ph in spec]
+  phases = [ph for ph in hlo_facts.PHASES + ('loop',) if ph in spec]
   merged_base = {}
   for parts in base.values():
     for part, n in parts.items():
@@ -294,7 +296,7 @@ def kernel_origin_lines(loop_kernels):
            'Kernels per iteration of each decode loop, by the phase of the speculative round '
            '(`decoding.speculative_step`\'s named scopes; "loop" is what no phase wrote: the loop\'s carry, '
            'and layout copies XLA inserts) and by the part of a T5 decoder step their op names give '
-           '(`profiling.kernel_origin`). On a CPU each kernel pays a dispatch and, when split across threads, a '
+           '(`hlo_facts.kernel_origin`). On a CPU each kernel pays a dispatch and, when split across threads, a '
            'wait: compare a phase\'s kernels with its time in the first table.', '',
            '| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
   for part in parts:

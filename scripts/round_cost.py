@@ -4,7 +4,7 @@
 
 The benchmark predicts a speedup from a replayed round (`profiling.time_phases`: each phase of one round, timed
 in its own compiled loop from a real mid-decode state). A fit of real decode times over examples
-(`profiling.fit_fixed_and_per_step`) has put a feature head's real round 0.2-0.45 baseline tokens above its replay;
+(`cost_model.fit_fixed_and_per_step`) has put a feature head's real round 0.2-0.45 baseline tokens above its replay;
 such a fit also carries the examples' variation. Here each of the first --examples test examples is decoded whole
 by the real programs at two length budgets (`max_decode_steps` --budgets, an argument of one compiled program)
 and the seconds between them are divided by the loop steps between them (`profiling.real_step_cost`): the
@@ -24,7 +24,8 @@ import jax
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from specdec import decoding  # pylint: disable=g-import-not-at-top,wrong-import-position
+from specdec.bench import cost_model  # pylint: disable=g-import-not-at-top,wrong-import-position
+from specdec import decoding
 from specdec import evaluation
 from specdec import fileio
 from specdec import loading
@@ -60,7 +61,7 @@ def measure(args) -> dict:
   with machine_load.CpuMeter() as meter:
     baseline = [profiling.real_step_cost(base_predict, base_params, b, budgets, tokens_of, args.repeats)
                 for b in batches]
-    token_s = profiling.pooled_step_cost(baseline)
+    token_s = cost_model.pooled_step_cost(baseline)
     decoded_l = np.asarray(base.compile_predict(sampling)(base_params, batches[0])[0])[0]
     for drafter, gamma in args.runs:
       drafter_module, drafter_params, vocab_ids = loading.load_drafter(loading.model_path(drafter, args.models),
@@ -72,7 +73,7 @@ def measure(args) -> dict:
       predict = profiling.budgeted_predict(spec, spec_params)
       rounds_of = lambda out: int(np.asarray(out[1]['stats']['target_calls']).max())
       real = [profiling.real_step_cost(predict, params, b, budgets, rounds_of, args.repeats) for b in batches]
-      round_s = profiling.pooled_step_cost(real)
+      round_s = cost_model.pooled_step_cost(real)
       # The same decodes without the statistics (greedy: the same rounds, counted by the run above).
       bare_predict = profiling.budgeted_predict(spec, dict(spec_params, return_stats=False))
       bare = [profiling.real_step_cost(bare_predict, params, b, budgets,
@@ -85,7 +86,7 @@ def measure(args) -> dict:
       print(f'{drafter}:{gamma}: real round {1000 * round_s:.3f} ms, replayed {1000 * replay["round_s"]:.3f} ms',
             flush=True)
       rows.append({'run': f'{drafter}:{gamma}', 'real_round_s': round_s,
-                   'real_round_without_stats_s': profiling.pooled_step_cost(bare) if bare else None,
+                   'real_round_without_stats_s': cost_model.pooled_step_cost(bare) if bare else None,
                    'real_round_in_tokens': round_s / token_s if round_s and token_s else None,
                    'replay': replay,
                    'replay_round_in_rounds': replay['round_s'] / replay['baseline_round_s'],

@@ -880,7 +880,7 @@ def speculative_step(spec: LoopSpec, state: SpeculativeLoopState) -> Speculative
   else:
     rng, draft_rng, accept_rng = jax.random.split(state.rng, 3)
   # Named scopes put each phase in the ops' metadata: profiles and compiled
-  # programs say which phase a kernel belongs to (profiling.loop_kernels_by_origin).
+  # programs say which phase a kernel belongs to (hlo_facts.loop_kernels_by_origin).
   with jax.named_scope('draft_phase'):
     drafts = draft_phase(spec, state, draft_rng)
   with jax.named_scope('verify_phase'):

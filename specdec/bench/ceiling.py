@@ -33,6 +33,7 @@ import numpy as np
 from specdec.bench import auto_gamma
 from specdec import batch_shrink
 from specdec.bench import ceiling_report
+from specdec.bench import cost_model
 from specdec import decoding
 from specdec import evaluation
 from specdec import fileio
@@ -263,7 +264,7 @@ def _row(records, kind, name, batch_size, in_loop_by_rows=None):
          'identical': all(r[kind][name]['identical'] for r in records),
          'examples': sum(r['rows'] for r in records)}
   if in_loop_by_rows is not None:
-    out['predicted_in_loop'] = profiling.predicted_speedup_in_loop_batched(
+    out['predicted_in_loop'] = cost_model.predicted_speedup_in_loop_batched(
         in_loop_by_rows, reporting.steps_per_batch(
             [(r['baseline_tokens'], r[kind][name]['target_calls']) for r in records], batch_size))
     out['measured_over_predicted'] = out['measured_speedup'] / out['predicted_in_loop']
@@ -276,7 +277,7 @@ def _fitted_round_costs(records, names_by_gamma) -> Optional[Dict[Any, Any]]:
   cannot separate the two terms."""
   def fit(steps, seconds):
     try:
-      return profiling.fit_fixed_and_per_step(steps, seconds)
+      return cost_model.fit_fixed_and_per_step(steps, seconds)
     except ValueError:  # a single distinct step count
       return None
 

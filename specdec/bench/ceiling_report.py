@@ -122,7 +122,7 @@ def _cost_lines(rep) -> List[str]:
     lines += ['', '## Costs inside the loop: replayed against fitted (batch 1)', '',
               'Replayed: one round timed at one mid-decode position inside a compiled loop (what the in-loop '
               'prediction uses). Fitted: seconds ≈ fixed + steps × per-step over every example and α* of the '
-              'real decodes (`profiling.fit_fixed_and_per_step`). Where they differ, the prediction misses by '
+              'real decodes (`cost_model.fit_fixed_and_per_step`). Where they differ, the prediction misses by '
               'that much.', '',
               f"Baseline: round {1000 * one['baseline_round_s']:.3f} ms replayed, "
               f"{1000 * base['per_step_s']:.3f} ms fitted; fixed {1000 * one['baseline_fixed_s']:.2f} ms measured, "

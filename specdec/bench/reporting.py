@@ -16,7 +16,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 import jax
 import numpy as np
 
-from specdec.bench import profiling
+from specdec.bench import cost_model
 from specdec import theory
 
 
@@ -39,7 +39,7 @@ def steps_per_batch(batches: Iterable[Tuple[Sequence[int], Sequence[int]]],
                     batch_size: int) -> List[Tuple[List[int], List[int]]]:
   """Each batch's (baseline tokens per row, target calls per row), padded to `batch_size` rows with rows that
   take no steps (a short last batch still runs at the full batch's size):
-  `profiling.predicted_speedup_in_loop_batched`'s input."""
+  `cost_model.predicted_speedup_in_loop_batched`'s input."""
   pad = lambda xs: list(xs) + [0] * (batch_size - len(xs))
   return [(pad(tokens), pad(calls)) for tokens, calls in batches]
 
@@ -151,7 +151,7 @@ def summarize_benchmark(records: Sequence[Mapping[str, Any]], costs: Mapping[str
       'in_loop_by_rows': ({str(rows): dict(c) for rows, c in in_loop_by_rows.items()}
                           if in_loop_by_rows and setting.batch_size > 1 else None),
       'fitted': _fitted_costs(records),
-      'predicted_speedup_in_loop': (profiling.predicted_speedup_in_loop_batched(
+      'predicted_speedup_in_loop': (cost_model.predicted_speedup_in_loop_batched(
           in_loop_by_rows, _benchmark_steps_per_batch(records, setting.batch_size)) if in_loop else None),
   }
 
@@ -167,7 +167,7 @@ def _benchmark_steps_per_batch(records: Sequence[Mapping[str, Any]], batch_size:
 
 
 def _fitted_costs(records: Sequence[Mapping[str, Any]]) -> Optional[Dict[str, float]]:
-  """Fixed and per-step costs of both decoders fitted over the examples (`profiling.fitted_costs`): what a
+  """Fixed and per-step costs of both decoders fitted over the examples (`cost_model.fitted_costs`): what a
   round costs in the real loop. Batch 1 only (a batch's time is its slowest row's); None when it cannot be fitted."""
   if (not records or any(r.get('batch_rows', 1) != 1 for r in records)
       or len({r.get('batch') for r in records}) != len(records)):
@@ -175,7 +175,7 @@ def _fitted_costs(records: Sequence[Mapping[str, Any]]) -> Optional[Dict[str, fl
   rows = [{'tokens': r['baseline_tokens'], 'target_calls': r['target_calls'], 'baseline_s': r['baseline_s'],
            'speculative_s': r['speculative_s']} for r in records]
   try:
-    return profiling.fitted_costs(rows)
+    return cost_model.fitted_costs(rows)
   except ValueError:  # every example took the same number of steps
     return None
 
