@@ -35,12 +35,13 @@ from specdec import loading
 from specdec.bench import plots
 from specdec.bench import reporting
 from specdec import settings
+from specdec import task_names
 from specdec.bench import tables
 from specdec import tasks
 from specdec import theory
 
 TASKS = {'ende': tasks.ENDE_LOCAL_TASK, 'summ': tasks.SUMMARIZE_LOCAL_TASK}
-LENGTHS = {'inputs': 96, 'targets': 48}
+LENGTHS = dict(task_names.LOCAL_FEATURE_LENGTHS)
 REMEDY = 'use another --out, or --overwrite to discard such runs and measure them afresh'
 
 

@@ -50,11 +50,11 @@ from specdec import models
 from specdec.bench import profiling
 from specdec.bench import reporting
 from specdec import settings
-from specdec import tasks
+from specdec import task_names
 from specdec import theory
 
-TASKS = {'ende': tasks.ENDE_LOCAL_TASK, 'summarize': tasks.SUMMARIZE_LOCAL_TASK}
-LENGTHS = {'inputs': 96, 'targets': 48}
+TASKS = dict(task_names.LOCAL_TASK_BY_NAME)
+LENGTHS = dict(task_names.LOCAL_FEATURE_LENGTHS)
 
 
 def parse_run(text: str):

@@ -38,12 +38,13 @@ from specdec import fileio
 from specdec import loading
 from specdec import models
 from specdec import decoding
+from specdec import task_names
 from specdec.bench import plots
 from specdec.bench import reporting
 from specdec import tasks
 
-LENGTHS = {'inputs': 96, 'targets': 48}  # the tasks' gin lengths (gin/tasks/*_local.gin)
-TASKS = {'ende': tasks.ENDE_LOCAL_TASK, 'summarize': tasks.SUMMARIZE_LOCAL_TASK}
+LENGTHS = dict(task_names.LOCAL_FEATURE_LENGTHS)
+TASKS = dict(task_names.LOCAL_TASK_BY_NAME)
 TASK_LABELS = {'ende': 'En→De', 'summarize': 'summarization'}
 
 

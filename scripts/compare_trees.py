@@ -44,15 +44,16 @@ from specdec import fileio
 from specdec import loading
 from specdec import models
 from specdec import network
+from specdec import task_names
 from specdec.bench import profiling
 from specdec.bench import reporting
 from specdec import tasks
 from specdec import tree_decoding
 
-LENGTHS = {'inputs': 96, 'targets': 48}  # the tasks' gin lengths (gin/tasks/*_local.gin)
+LENGTHS = dict(task_names.LOCAL_FEATURE_LENGTHS)
 # γ of the chain loop whose draft step gives the in-loop c (a draft step's cost does not depend on γ).
 PROBE_GAMMA = 2
-TASKS = {'ende': tasks.ENDE_LOCAL_TASK, 'summarize': tasks.SUMMARIZE_LOCAL_TASK}
+TASKS = dict(task_names.LOCAL_TASK_BY_NAME)
 
 
 def parse_args(argv=None):

@@ -136,10 +136,11 @@ def _row(name, directory, train_record, acceptance):
 def evaluate(names, args) -> int:
   from specdec import fileio  # pylint: disable=g-import-not-at-top
   from specdec import loading  # pylint: disable=g-import-not-at-top
+  from specdec import task_names  # pylint: disable=g-import-not-at-top
   from specdec import tasks  # pylint: disable=g-import-not-at-top
   import evaluate_family  # pylint: disable=g-import-not-at-top
   tasks.register_local_tasks(args.corpus)
-  lengths = {'inputs': 96, 'targets': 48}
+  lengths = dict(task_names.LOCAL_FEATURE_LENGTHS)
   family = family_of(names)
   target = loading.load_module_and_params(family['target'])
   todo = [(b, os.path.join('models/cpu', b)) for b in family['baselines']]

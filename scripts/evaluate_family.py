@@ -34,10 +34,10 @@ from specdec import fileio
 from specdec import loading
 from specdec import models
 from specdec import network
-from specdec import tasks
+from specdec import task_names
 from specdec import theory
 
-TASKS = {'ende': tasks.ENDE_LOCAL_TASK, 'summarize': tasks.SUMMARIZE_LOCAL_TASK}
+TASKS = dict(task_names.LOCAL_TASK_BY_NAME)
 NETWORKS = ('target', 'd1', 'd1kd', 'd1s', 'd2', 'd3')  # each evaluated if <models>/<name> exists
 NGRAMS = ('unigram', 'bigram', 'trigram')
 HEADS = ('f128mix', 'f128', 'f256')  # feature heads (specdec/feature_drafter.py): drafters, not networks

@@ -21,13 +21,13 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
 
+from specdec import task_names
 from specdec.bench import benchmark  # pylint: disable=g-import-not-at-top
 from specdec.bench import peers
 from specdec.bench import reporting
 from specdec import tasks
 
-TASKS = {'ende': (tasks.ENDE_LOCAL_TASK, {'inputs': 96, 'targets': 48}),
-         'summarize': (tasks.SUMMARIZE_LOCAL_TASK, {'inputs': 96, 'targets': 48})}
+TASKS = {name: (task, dict(task_names.LOCAL_FEATURE_LENGTHS)) for name, task in task_names.LOCAL_TASK_BY_NAME.items()}
 
 
 def _model_dir(name: str, models_dir: str) -> str:

@@ -33,13 +33,12 @@ from specdec import fileio
 from specdec.bench import hlo_facts
 from specdec import loading
 from specdec import models
+from specdec import task_names
 from specdec.bench import profiling
 from specdec.bench import reporting
-from specdec import tasks
 from specdec import theory
 
-TASKS = {'ende': (tasks.ENDE_LOCAL_TASK, {'inputs': 96, 'targets': 48}),
-         'summarize': (tasks.SUMMARIZE_LOCAL_TASK, {'inputs': 96, 'targets': 48})}
+TASKS = {name: (task, dict(task_names.LOCAL_FEATURE_LENGTHS)) for name, task in task_names.LOCAL_TASK_BY_NAME.items()}
 
 
 def profile(args) -> dict:

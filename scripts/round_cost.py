@@ -20,7 +20,6 @@ import json
 import os
 import sys
 
-import jax
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -31,12 +30,12 @@ from specdec import fileio
 from specdec import loading
 from specdec.bench import machine_load
 from specdec import models
+from specdec import task_names
 from specdec.bench import profiling
 from specdec.bench import reporting
-from specdec import tasks
 
-TASKS = {'ende': tasks.ENDE_LOCAL_TASK, 'summarize': tasks.SUMMARIZE_LOCAL_TASK}
-LENGTHS = {'inputs': 96, 'targets': 48}
+TASKS = dict(task_names.LOCAL_TASK_BY_NAME)
+LENGTHS = dict(task_names.LOCAL_FEATURE_LENGTHS)
 
 
 def parse_run(text: str):

@@ -16,7 +16,6 @@ results/target_sizes/<run>.{md,json} atomically.
 """
 
 import argparse
-import dataclasses
 import json
 import os
 import platform
@@ -24,7 +23,6 @@ import sys
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 

@@ -18,6 +18,10 @@ ENDE_LOCAL_TASK = "specdec_ende_local"
 SUMMARIZE_LOCAL_TASK = "specdec_summarize_local"
 LOCAL_MIXTURE = "specdec_local_mix"
 LOCAL_TASKS = (ENDE_LOCAL_TASK, SUMMARIZE_LOCAL_TASK)
+# The local tasks by the short names the scripts take (--task ende), and the lengths the CPU family decodes them
+# at (gin/tasks/*_local.gin binds the same).
+LOCAL_TASK_BY_NAME = {"ende": ENDE_LOCAL_TASK, "summarize": SUMMARIZE_LOCAL_TASK}
+LOCAL_FEATURE_LENGTHS = {"inputs": 96, "targets": 48}
 
 # The paper's tasks (TFDS).
 WMT_ENDE_TASK = "specdec_wmt_ende"

@@ -1,5 +1,8 @@
 """Tests for specdec/task_names.py: the registered task names, importable without seqio."""
 
+import ast
+import os
+import re
 import subprocess
 import sys
 
@@ -23,3 +26,15 @@ def test_tables_need_neither_seqio_nor_tensorflow():
           'print(sorted(m for m in ("seqio", "tensorflow") if m in sys.modules))')
   out = subprocess.run([sys.executable, '-c', code], check=True, capture_output=True, text=True).stdout
   assert out.strip() == '[]'
+
+
+def test_the_scripts_lengths_and_short_names_are_the_gin_files():
+  """The CPU family's lengths and tasks as gin/tasks/<short name>_local.gin binds them."""
+  gin_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'gin', 'tasks')
+  assert sorted(task_names.LOCAL_TASK_BY_NAME.values()) == sorted(task_names.LOCAL_TASKS)
+  for short, task in task_names.LOCAL_TASK_BY_NAME.items():
+    with open(os.path.join(gin_dir, f'{short}_local.gin'), encoding='utf-8') as f:
+      text = f.read()
+    assert re.search(r"^\s*task = '([\w.]+)'$", text, re.M).group(1) == task
+    lengths = ast.literal_eval(re.search(r'^\s*feature_lengths = (\{.*\})$', text, re.M).group(1))
+    assert lengths == task_names.LOCAL_FEATURE_LENGTHS
