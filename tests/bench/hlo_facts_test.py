@@ -10,26 +10,9 @@ import pytest
 from specdec import decoding
 from specdec.bench import hlo_facts
 from specdec import models
-from specdec import network
 from specdec.cloud_tpu import tpu_slices
-
-
-def _tiny(seed, **overrides):
-  fields = dict(vocab_size=64, emb_dim=16, num_heads=2, head_dim=8, num_encoder_layers=1,
-                num_decoder_layers=1, mlp_dim=32, dropout_rate=0.0, dtype=jnp.float32)
-  fields.update(overrides)
-  config = network.T5Config(**fields)
-  return network.Transformer(config), network.init_params(config, jax.random.PRNGKey(seed))
-
-
-@pytest.fixture(scope='module')
-def pair():
-  return _tiny(0), _tiny(1, num_decoder_layers=1, emb_dim=8, head_dim=4, mlp_dim=16)
-
-
-def _batch(rows=1, in_len=8, out_len=10):
-  enc = np.random.RandomState(0).randint(2, 64, (rows, in_len)).astype(np.int32)
-  return {'encoder_input_tokens': enc, 'decoder_input_tokens': np.zeros((rows, out_len), np.int32)}
+# The same tiny target and drafter as the timing tests (`pair` is a module-scoped fixture).
+from tests.bench.profiling_test import _batch, pair  # pylint: disable=unused-import
 
 
 HLO = """HloModule m
