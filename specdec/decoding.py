@@ -1098,7 +1098,7 @@ def speculative_sample(
       random draws).
     draft_reads_features: feature drafting (module docstring): the target's
       call also returns its features and the drafter predicts from them
-      (feature_drafter.py builds both functions).
+      (feature_decoding.py builds both functions).
 
   Returns:
     A `SpeculativeOutput` (decodes [B, nd, L], log_prob [B, nd], stats),

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec import feature_decoding
 from specdec import feature_drafter
 from specdec import network
 
@@ -130,12 +131,12 @@ class _FeatureHead(DrafterKind):
 
   def decoder_fns(self, target_module, target_params, module, params, encoder_input_tokens, max_decode_length,
                   network_fns, constrain_cache=None, vocab_ids=None, projection_ek=None, logits_kernel_wk=None):
-    return feature_drafter.decoder_fns(target_module, target_params, module, params, encoder_input_tokens,
-                                       max_decode_length, vocab_ids, constrain_cache, projection_ek=projection_ek,
-                                       logits_kernel_wk=logits_kernel_wk)
+    return feature_decoding.decoder_fns(target_module, target_params, module, params, encoder_input_tokens,
+                                        max_decode_length, vocab_ids, constrain_cache, projection_ek=projection_ek,
+                                        logits_kernel_wk=logits_kernel_wk)
 
   def folds_projection(self, module) -> bool:
-    return feature_drafter.folds_projection(module.config)
+    return feature_decoding.folds_projection(module.config)
 
   def prepared_projection(self, target_module, module, vocab_ids):
     folds = self.folds_projection(module)
@@ -146,7 +147,7 @@ class _FeatureHead(DrafterKind):
     def prepare(target_params, head_params):  # the target's projection, folded into the head's map if narrower
       projection_ek = target_module.apply({'params': target_params}, ids, method=target_module.projection_rows)
       if folds:
-        return {DRAFT_LOGITS_KERNEL: feature_drafter.logits_kernel(head_params, projection_ek)}
+        return {DRAFT_LOGITS_KERNEL: feature_decoding.logits_kernel(head_params, projection_ek)}
       return {DRAFT_PROJECTION: projection_ek}
     return prepare
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from specdec import decoding
 from specdec import drafters
+from specdec import feature_decoding
 from specdec import feature_drafter
 from specdec import fileio
 from specdec import models
@@ -291,7 +292,7 @@ def draft_rank_probabilities(target_module, target_params, drafter_module, draft
     if not drafters.kind_of(drafter_module).reads_features:
       logits = drafter_module.apply({'params': params}, encoder_input_tokens, decoder_input_tokens, valid_bl,
                                     enable_dropout=False)
-      return logits if ids is None else feature_drafter.widen_logits(logits[..., ids], ids, vocab_size)
+      return logits if ids is None else feature_decoding.widen_logits(logits[..., ids], ids, vocab_size)
     batch = {'encoder_input_tokens': encoder_input_tokens, 'decoder_input_tokens': decoder_input_tokens,
              'decoder_target_tokens': valid_bl}
     encoded, _, features = feature_drafter.target_features(target_module, target_params, batch)
@@ -300,7 +301,7 @@ def draft_rank_probabilities(target_module, target_params, drafter_module, draft
     predicted = drafter_module.apply({'params': params}, feature_drafter.shift_features_right(features), embedded,
                                      encoded, valid_bl > 0, cross_mask, 1, method=drafter_module.unrolled)[0]
     logits = target_module.apply({'params': target_params}, predicted, ids, method=target_module.project)
-    return logits if ids is None else feature_drafter.widen_logits(logits, ids, vocab_size)
+    return logits if ids is None else feature_decoding.widen_logits(logits, ids, vocab_size)
 
   @jax.jit
   def ranks(params, encoder_input_tokens, decodes_bl, valid_bl):

@@ -9,7 +9,7 @@ Three kinds of directory hold a model this project decodes with:
   a compact T5 model   config.json + params.msgpack (`checkpoints.load_compact`)
   an n-gram drafter    config.json + counts.npz (`ngram.load`)
   a feature head       config.json (kind feature_head) + params.msgpack
-                       [+ draft_vocab.json] (`feature_drafter.load`)
+                       [+ draft_vocab.json] (`feature_head_checkpoint.load`)
 All are hash-checked as they are read; paths may be local or gs://.
 """
 
@@ -20,6 +20,7 @@ import numpy as np
 
 from specdec import checkpoints
 from specdec import feature_drafter
+from specdec import feature_head_checkpoint
 from specdec import fileio
 from specdec import network
 from specdec import ngram
@@ -59,7 +60,7 @@ def checkpoint_format(path: str) -> str:
   """
   if ngram.is_ngram_dir(path):
     return NGRAM
-  if feature_drafter.is_head_dir(path):
+  if feature_head_checkpoint.is_head_dir(path):
     return FEATURE_HEAD
   return checkpoints.detect_format(path)
 
@@ -86,9 +87,9 @@ def restore(checkpoint: str, config: Optional[network.T5Config] = None, dtype: O
     module, params = ngram.load(checkpoint)
     return Restored(module, params, None, fmt)
   if fmt == FEATURE_HEAD:
-    head_config, params, vocab_ids, meta = feature_drafter.load(checkpoint)
+    head_config, params, vocab_ids, meta = feature_head_checkpoint.load(checkpoint)
     if target_params is not None:
-      feature_drafter.check_made_for(meta, target_params, checkpoint)
+      feature_head_checkpoint.check_made_for(meta, target_params, checkpoint)
     return Restored(feature_drafter.FeatureHead(head_config), params, vocab_ids, fmt)
   if fmt == COMPACT:
     own_config, params = checkpoints.load_compact(checkpoint)

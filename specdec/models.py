@@ -26,7 +26,7 @@ import numpy as np
 from specdec import decoding
 from specdec import draft_vocab
 from specdec import drafters
-from specdec import feature_drafter
+from specdec import feature_decoding
 from specdec import network
 
 PyTree = Any
@@ -40,7 +40,7 @@ TARGET, DRAFTER = 'target', 'drafter'
 DRAFT_PROJECTION = drafters.DRAFT_PROJECTION
 # Optional params entry for a feature head narrower than the target: its
 # logits kernel [W, K] (or [W, V]), its output map folded into the target's
-# projection once (`with_draft_projection`, `feature_drafter.logits_kernel`).
+# projection once (`with_draft_projection`, `feature_decoding.logits_kernel`).
 DRAFT_LOGITS_KERNEL = drafters.DRAFT_LOGITS_KERNEL
 
 
@@ -236,7 +236,7 @@ class SpeculativeEncoderDecoderModel:
           {'params': params, 'cache': state.cache}, state.cur_token,
           state.cur_index, method=module.decode_step, mutable=['cache'], **extra, **layout)
       if ids is not None:
-        logits = feature_drafter.widen_logits(logits, ids, _vocab_size(module))
+        logits = feature_decoding.widen_logits(logits, ids, _vocab_size(module))
       return logits, constrain(new_vars.get('cache', {}))
 
     # A stateless drafter (e.g. an n-gram model) has an empty cache.
@@ -340,7 +340,7 @@ class SpeculativeEncoderDecoderModel:
     here once (`DRAFT_PROJECTION`, [E, K]). A feature head narrower than the
     target gets instead its output map folded into that projection
     (`DRAFT_LOGITS_KERNEL`, [W, K], or [W, V] without a draft vocabulary;
-    `feature_drafter.folds_projection`). Otherwise `params` unchanged.
+    `feature_decoding.folds_projection`). Otherwise `params` unchanged.
     """
     prepare = (None if self.drafter_module is None else
                self.drafter_kind.prepared_projection(self.module, self.drafter_module, self.draft_vocab_ids))

@@ -12,7 +12,7 @@ import pytest
 
 from specdec import batch_shrink
 from specdec import decoding
-from specdec import feature_drafter
+from specdec import feature_decoding
 from specdec import sampling
 from tests import toy
 
@@ -234,7 +234,7 @@ class _TrimmedDrafter:
 
   def tokens_to_logits(self, state):
     logits_bkv, cache = self.drafter.tokens_to_logits(state)
-    return feature_drafter.widen_logits(logits_bkv[..., self.ids], self.ids, self.vocab), cache
+    return feature_decoding.widen_logits(logits_bkv[..., self.ids], self.ids, self.vocab), cache
 
 
 class TestSequenceDistribution:
@@ -269,7 +269,7 @@ class TestSequenceDistribution:
   @pytest.mark.parametrize('gamma, temperature, topk, topp', [(3, 0.7, 3, 0.0), (2, 1.3, 0, 0.9)])
   def test_a_trimmed_draft_vocabulary_keeps_the_targets_law(self, gamma, temperature, topk, topp):
     """A drafter over K of the V ids (q = 0 elsewhere, as `models` builds a trimmed drafter's logits with
-    `feature_drafter.widen_logits`), where K misses part of the target's top-k support: the residual
+    `feature_decoding.widen_logits`), where K misses part of the target's top-k support: the residual
     distribution must supply the ids the drafter never proposes."""
     target, drafter = self._models()
     ids = np.asarray([0, 1, 3])  # EOS (1) and two others of the 5

@@ -1,6 +1,6 @@
 """Tests for specdec/drafters.py: every drafter answers the same questions, each kind as the loop needs it. (That
 the refactored callers compile the same decode programs as before was checked by hashing their lowered text;
-whole decodes through each kind are tested in models_test.py and feature_drafter_test.py.)"""
+whole decodes through each kind are tested in models_test.py and feature_decoding_test.py.)"""
 
 import jax
 import numpy as np

@@ -8,6 +8,7 @@ import pytest
 
 from specdec import checkpoints
 from specdec import feature_drafter
+from specdec import feature_head_checkpoint
 from specdec import loading
 from specdec import network
 from specdec import ngram
@@ -76,9 +77,9 @@ def test_feature_head_with_its_vocabulary_and_target(params, tmp_path):
   head_config = feature_drafter.FeatureHeadConfig(feature_dim=CFG.emb_dim, vocab_size=CFG.vocab_size,
                                                   width=8, num_heads=2, head_dim=4, mlp_dim=16)
   head_params = feature_drafter.init_params(head_config, jax.random.PRNGKey(1))
-  feature_drafter.save(str(tmp_path), head_config, head_params,
-                       target_sha256=feature_drafter.params_sha256(params),
-                       draft_vocab_ids=[1, 5, 9])
+  feature_head_checkpoint.save(str(tmp_path), head_config, head_params,
+                               target_sha256=feature_head_checkpoint.params_sha256(params),
+                               draft_vocab_ids=[1, 5, 9])
   module, loaded, vocab_ids = loading.load_drafter(str(tmp_path), params)
   assert isinstance(module, feature_drafter.FeatureHead) and module.config == head_config
   np.testing.assert_array_equal(vocab_ids, [1, 5, 9])
@@ -97,9 +98,9 @@ def test_feature_head_with_its_vocabulary_and_target(params, tmp_path):
 def test_restore_gives_a_heads_draft_vocabulary_and_refuses_another_targets_head(params, tmp_path):
   head_config = feature_drafter.FeatureHeadConfig(feature_dim=CFG.emb_dim, vocab_size=CFG.vocab_size,
                                                   width=8, num_heads=2, head_dim=4, mlp_dim=16)
-  feature_drafter.save(str(tmp_path / 'head'), head_config,
-                       feature_drafter.init_params(head_config, jax.random.PRNGKey(1)),
-                       target_sha256=feature_drafter.params_sha256(params), draft_vocab_ids=[1, 7])
+  feature_head_checkpoint.save(str(tmp_path / 'head'), head_config,
+                               feature_drafter.init_params(head_config, jax.random.PRNGKey(1)),
+                               target_sha256=feature_head_checkpoint.params_sha256(params), draft_vocab_ids=[1, 7])
   restored = loading.restore(str(tmp_path / 'head'), target_params=params)
   assert restored.format == 'feature_head' and isinstance(restored.module, feature_drafter.FeatureHead)
   np.testing.assert_array_equal(restored.draft_vocab_ids, [1, 7])

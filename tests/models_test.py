@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from specdec import decoding
+from specdec import feature_decoding
 from specdec import feature_drafter
 from specdec import models
 from specdec import network
@@ -427,7 +428,7 @@ class TestFeatureHeadAndTrimmedDrafts:
     folded = model.with_draft_projection(fparams)
     assert models.DRAFT_LOGITS_KERNEL in folded
     got, got_aux = model.compile_predict(settings)(folded, batch, jax.random.PRNGKey(6))
-    monkeypatch.setattr(feature_drafter, 'folds_projection', lambda config: False)
+    monkeypatch.setattr(feature_decoding, 'folds_projection', lambda config: False)
     unfolded_model = self._feature_model(draft_vocab_ids=ids)
     unfolded = unfolded_model.with_draft_projection(fparams)
     assert models.DRAFT_LOGITS_KERNEL not in unfolded

@@ -165,14 +165,16 @@ def test_compare_drafters_parses_runs_and_refuses_bad_ones():
 def test_compare_drafters_vocab_file_replaces_a_heads_own_or_trims_a_t5_drafters(tmp_path):
   import jax  # pylint: disable=g-import-not-at-top
   import compare_drafters  # pylint: disable=g-import-not-at-top
-  from specdec import checkpoints, feature_drafter, network  # pylint: disable=g-import-not-at-top
+  from specdec import checkpoints, feature_drafter, feature_head_checkpoint  # pylint: disable=g-import-not-at-top
+  from specdec import network  # pylint: disable=g-import-not-at-top
   cfg = network.t5_1_1_config('tiny', vocab_size=32)
   target_params = network.init_params(cfg, jax.random.PRNGKey(0))
   head_config = feature_drafter.FeatureHeadConfig(feature_dim=cfg.emb_dim, vocab_size=32, width=8, num_heads=2,
                                                   head_dim=4, mlp_dim=16)
-  feature_drafter.save(str(tmp_path / 'head'), head_config,
-                       feature_drafter.init_params(head_config, jax.random.PRNGKey(1)),
-                       target_sha256=feature_drafter.params_sha256(target_params), draft_vocab_ids=[1, 5, 9, 20])
+  feature_head_checkpoint.save(str(tmp_path / 'head'), head_config,
+                               feature_drafter.init_params(head_config, jax.random.PRNGKey(1)),
+                               target_sha256=feature_head_checkpoint.params_sha256(target_params),
+                               draft_vocab_ids=[1, 5, 9, 20])
   checkpoints.save_compact(str(tmp_path / 't5'), cfg, target_params)
   with open(tmp_path / 'top2.json', 'w') as f:
     f.write('[5, 20]')

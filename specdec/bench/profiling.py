@@ -30,6 +30,7 @@ import numpy as np
 
 from specdec import decoding
 from specdec import drafters
+from specdec import feature_decoding
 from specdec import feature_drafter
 from specdec.bench import hlo_facts
 from specdec import models
@@ -108,7 +109,7 @@ def _call(module, params, cache, tokens_bk, position, projection_ek=None, ids=No
                                   jnp.full((rows,), position, jnp.int32),
                                   method=module.decode_step, mutable=['cache'], **extra)
   if ids is not None:
-    logits = feature_drafter.widen_logits(logits, ids, module.config.vocab_size)
+    logits = feature_decoding.widen_logits(logits, ids, module.config.vocab_size)
   return new_vars.get('cache', {}), sampling.argmax(logits[:, -1])
 
 
@@ -220,8 +221,8 @@ def _prepared_head_params(target_module, target_params, head, head_params,
 
 def _head_decoder_fns(target_module, head, prepared: Dict[str, Any], enc, max_decode_length: int,
                       draft_vocab_ids: Optional[np.ndarray]):
-  """`feature_drafter.decoder_fns` on `_prepared_head_params`' params, as a decode calls it."""
-  return feature_drafter.decoder_fns(
+  """`feature_decoding.decoder_fns` on `_prepared_head_params`' params, as a decode calls it."""
+  return feature_decoding.decoder_fns(
       target_module, prepared[models.TARGET], head, prepared[models.DRAFTER], enc, max_decode_length,
       draft_vocab_ids, projection_ek=prepared.get(models.DRAFT_PROJECTION),
       logits_kernel_wk=prepared.get(models.DRAFT_LOGITS_KERNEL))

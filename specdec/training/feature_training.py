@@ -4,7 +4,7 @@
 head's params and optimizer state only; the target (TrainConfig's
 `feature_head.target_dir`) is loaded once, frozen, and run on every batch to
 give the features and next-token distributions the head learns
-(`feature_drafter.losses`). Everything else is the trainer's: resumable Orbax
+(`feature_losses.losses`). Everything else is the trainer's: resumable Orbax
 checkpoints, train_log.jsonl and runs.jsonl, progress lines, max_minutes.
 
 Evaluation measures what decoding gets: the first draft's greedy agreement
@@ -13,7 +13,7 @@ unrolled depth, teacher-forced on the target's OWN greedy decodes of held-out
 validation inputs (decoded once, at the start of the run). Agreement at depth
 0 is the first draft's greedy acceptance rate.
 
-The export is a head directory (`feature_drafter.save`): params, config,
+The export is a head directory (`feature_head_checkpoint.save`): params, config,
 the target it reads (its params' sha256), the trimmed vocabulary if any, the
 run records, and a model card.
 """
@@ -36,10 +36,12 @@ from specdec import decoding
 from specdec import draft_vocab
 from specdec import evaluation
 from specdec import feature_drafter
+from specdec import feature_head_checkpoint
 from specdec import fileio
 from specdec import models
 from specdec import network
 from specdec import partitioning
+from specdec.training import feature_losses
 from specdec.training import train
 from specdec.training import train_config
 
@@ -140,7 +142,7 @@ class FeatureHeadTrainer(train.Trainer):
   def _initial_params(self):
     init_dir = self.config.init.init_from_dir
     if init_dir:
-      config, params, _, _ = feature_drafter.load(init_dir)
+      config, params, _, _ = feature_head_checkpoint.load(init_dir)
       if config != self.head_config:
         raise ValueError(f'init_from_dir={init_dir} holds a head of another config: {config} vs '
                          f'{self.head_config}.')
@@ -151,7 +153,7 @@ class FeatureHeadTrainer(train.Trainer):
 
   def _loss(self, head_params, target_params, batch):
     section = self.config.feature_head
-    return feature_drafter.losses(
+    return feature_losses.losses(
         self.module, head_params, self.target_module, target_params, batch,
         ce_weight=section.ce_weight, feature_weight=section.feature_weight,
         unroll_steps=section.unroll_steps, step_decay=section.step_decay,
@@ -242,9 +244,9 @@ class FeatureHeadTrainer(train.Trainer):
                  'unroll_steps': section.unroll_steps, 'step_decay': section.step_decay},
         'draft_vocab_file': section.draft_vocab_file, 'init_from_dir': config.init.init_from_dir,
         'runs': runs, 'minutes': sum(r['minutes'] for r in runs), 'final_eval': final_eval}
-    feature_drafter.save(
+    feature_head_checkpoint.save(
         config.export_dir, self.head_config, params,
-        target_sha256=feature_drafter.params_sha256(self.target_params_host),
+        target_sha256=feature_head_checkpoint.params_sha256(self.target_params_host),
         draft_vocab_ids=self.vocab_ids, extra={'train': train_record})
     fileio.atomic_write(fileio.join(config.export_dir, 'MODEL_CARD.md'),
                         model_card(self.head_config, params, train_record,

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from specdec import decoding
+from specdec import feature_decoding
 from specdec import feature_drafter
 from specdec import models
 from specdec import network
@@ -213,8 +214,8 @@ def test_prefilled_feature_pair_is_the_loops_state(pair):
   _, _, head_cache, draft_fn, kept, start = profiling._prefilled_feature_pair(  # pylint: disable=protected-access
       tm, tp, head, hp, enc, 10, prefix, 2)
   # Teacher-forced head over the whole prefix: its prediction at the last position (i = 3).
-  _, target_fn, head_cache0, draft_fn0 = feature_drafter.decoder_fns(tm, tp, head, hp, enc, 10)[:4]
-  target_cache0 = feature_drafter.decoder_fns(tm, tp, head, hp, enc, 10)[0]
+  _, target_fn, head_cache0, draft_fn0 = feature_decoding.decoder_fns(tm, tp, head, hp, enc, 10)[:4]
+  target_cache0 = feature_decoding.decoder_fns(tm, tp, head, hp, enc, 10)[0]
   _, feats, _ = target_fn(decoding.DecodingState(cur_index=jnp.zeros((1,), jnp.int32), sequences=prefix,
                                                  cur_token=prefix, cache=target_cache0))
   want, _, _ = draft_fn0(decoding.DecodingState(cur_index=jnp.zeros((1,), jnp.int32), sequences=prefix,

@@ -22,6 +22,8 @@ import pytest
 from specdec import checkpoints
 from specdec import decoding
 from specdec import feature_drafter
+from specdec import feature_head_checkpoint
+from specdec.training import feature_losses
 from specdec.training import feature_training
 from specdec import models
 from specdec import network
@@ -102,8 +104,8 @@ def test_trains_and_evaluates_on_the_targets_decodes(first_run):
 
 def test_export_is_a_loadable_head_with_its_card(first_run, target_dir):
   export = os.path.join(first_run['model_dir'], 'export')
-  config, params, vocab_ids, meta = feature_drafter.load(export)
-  assert feature_drafter.is_head_dir(export) and not feature_drafter.is_head_dir(target_dir)
+  config, params, vocab_ids, meta = feature_head_checkpoint.load(export)
+  assert feature_head_checkpoint.is_head_dir(export) and not feature_head_checkpoint.is_head_dir(target_dir)
   assert config.width == 16 and config.feature_dim == TARGET.emb_dim
   with open(first_run['vocab_file']) as f:
     np.testing.assert_array_equal(vocab_ids, json.load(f))
@@ -113,15 +115,15 @@ def test_export_is_a_loadable_head_with_its_card(first_run, target_dir):
   assert 'Initialised from: `random`' in card and 'drawn equally often' not in card
   assert meta['train']['equal_rates'] is False and meta['train']['task_rates'] is None
   _, target_params = checkpoints.load_compact(target_dir)
-  feature_drafter.check_made_for(meta, target_params, export)
+  feature_head_checkpoint.check_made_for(meta, target_params, export)
   other = jax.tree_util.tree_map(lambda x: x + 1.0, target_params)
   with pytest.raises(ValueError, match='trained for another target'):
-    feature_drafter.check_made_for(meta, other, export)
+    feature_head_checkpoint.check_made_for(meta, other, export)
 
 
 def test_exported_head_drafts_exactly(first_run, target_dir):
   export = os.path.join(first_run['model_dir'], 'export')
-  config, head_params, vocab_ids, _ = feature_drafter.load(export)
+  config, head_params, vocab_ids, _ = feature_head_checkpoint.load(export)
   _, target_params = checkpoints.load_compact(target_dir)
   target = network.Transformer(TARGET)
   spec = models.SpeculativeEncoderDecoderModel(target, feature_drafter.FeatureHead(config),
@@ -203,7 +205,7 @@ def test_packed_rows_give_the_unpacked_losses():
             'decoder_segment_ids': np.array([[1, 1, 1, 1, 2, 2, 2, 0]])}
   # The same arithmetic over other padding: float32 sums in another order (rtol ~ 100 ulps).
   for steps in (1, 3):
-    want = feature_drafter.losses(head, hp, target, tp, unpacked, unroll_steps=steps)
-    got = feature_drafter.losses(head, hp, target, tp, packed, unroll_steps=steps)
+    want = feature_losses.losses(head, hp, target, tp, unpacked, unroll_steps=steps)
+    got = feature_losses.losses(head, hp, target, tp, packed, unroll_steps=steps)
     for k in want[1]:
       np.testing.assert_allclose(float(got[1][k]), float(want[1][k]), rtol=1e-5, err_msg=k)
