@@ -297,7 +297,7 @@ def draft_rank_probabilities(target_module, target_params, drafter_module, draft
              'decoder_target_tokens': valid_bl}
     encoded, _, features = feature_drafter.target_features(target_module, target_params, batch)
     embedded = target_module.apply({'params': target_params}, decoder_input_tokens, method=target_module.embed)
-    cross_mask = network._pairwise_mask(valid_bl > 0, encoder_input_tokens > 0)  # pylint: disable=protected-access
+    cross_mask = network.pairwise_mask(valid_bl > 0, encoder_input_tokens > 0)
     predicted = drafter_module.apply({'params': params}, feature_drafter.shift_features_right(features), embedded,
                                      encoded, valid_bl > 0, cross_mask, 1, method=drafter_module.unrolled)[0]
     logits = target_module.apply({'params': target_params}, predicted, ids, method=target_module.project)

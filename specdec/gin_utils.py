@@ -66,6 +66,18 @@ def split_gin_args(argv: Sequence[str]) -> Tuple[List[str], List[str], List[str]
   return files, bindings, rest
 
 
+def configured(fn):
+  """The gin-configured version of `fn` (a function or class) when gin knows it, else `fn` itself.
+
+  Gin files register functions and classes dynamically, which binds their configurable versions, not the module
+  attributes a caller names.
+  """
+  try:
+    return gin.get_configurable(fn)
+  except ValueError:
+    return fn
+
+
 def launch_args(argv: Sequence[str], other_flags: Sequence[str] = ()) -> Tuple[List[str], List[str], bool]:
   """(gin files, gin bindings, --multihost given) of a launcher's command line (`split_gin_args`).
 

@@ -218,13 +218,13 @@ def _dropout(module: nn.Module, x: Array, rate: float, deterministic: bool,
   return jnp.where(keep, x / (1.0 - rate), 0.0).astype(x.dtype)
 
 
-def _pairwise_mask(query_valid_bq: Array, key_valid_bk: Array) -> Array:
+def pairwise_mask(query_valid_bq: Array, key_valid_bk: Array) -> Array:
   """[B, 1, q, k] mask: query and key both valid."""
   return query_valid_bq[:, None, :, None] & key_valid_bk[:, None, None, :]
 
 
-def _same_segment_mask(query_segments_bq: Array,
-                       key_segments_bk: Array) -> Array:
+def same_segment_mask(query_segments_bq: Array,
+                      key_segments_bk: Array) -> Array:
   """[B, 1, q, k] mask: query and key in the same packed segment."""
   return (query_segments_bq[:, None, :, None] ==
           key_segments_bk[:, None, None, :])
@@ -762,9 +762,9 @@ class Transformer(nn.Module):
     Token 0 is padding; packed rows attend within their segment only.
     """
     valid_bs = encoder_input_tokens > 0
-    mask = _pairwise_mask(valid_bs, valid_bs)
+    mask = pairwise_mask(valid_bs, valid_bs)
     if encoder_segment_ids is not None:
-      mask &= _same_segment_mask(encoder_segment_ids, encoder_segment_ids)
+      mask &= same_segment_mask(encoder_segment_ids, encoder_segment_ids)
     return self.encoder(encoder_input_tokens, mask,
                         deterministic=not enable_dropout)
 
@@ -789,15 +789,15 @@ class Transformer(nn.Module):
     target_valid_bt = decoder_target_tokens > 0
     length = decoder_target_tokens.shape[1]
     causal_11tt = jnp.tril(jnp.ones((length, length), bool))[None, None]
-    self_mask = causal_11tt & _pairwise_mask(target_valid_bt, target_valid_bt)
+    self_mask = causal_11tt & pairwise_mask(target_valid_bt, target_valid_bt)
     if decoder_segment_ids is not None:
-      self_mask &= _same_segment_mask(decoder_segment_ids, decoder_segment_ids)
-    cross_mask = _pairwise_mask(target_valid_bt, encoder_input_tokens > 0)
+      self_mask &= same_segment_mask(decoder_segment_ids, decoder_segment_ids)
+    cross_mask = pairwise_mask(target_valid_bt, encoder_input_tokens > 0)
     if encoder_segment_ids is not None:
       if decoder_segment_ids is None:
         raise ValueError('Packed inputs: encoder_segment_ids was given without '
                          'decoder_segment_ids; pass both or neither.')
-      cross_mask &= _same_segment_mask(decoder_segment_ids,
+      cross_mask &= same_segment_mask(decoder_segment_ids,
                                        encoder_segment_ids)
     return self.decoder(encoded, decoder_input_tokens, self_mask, cross_mask,
                         deterministic=not enable_dropout,

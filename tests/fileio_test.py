@@ -379,8 +379,8 @@ def test_train_log_on_url(ram_dir):
   fileio.makedirs(ram_dir)
   assert train.drop_log_after(path, 3) == 0 and not fileio.exists(path)
   for step in range(1, 7):
-    train._append_log(path, {'step': step, 'kind': 'train'})
-  train._append_log(path, {'step': 4, 'kind': 'eval'})
+    train.append_log(path, {'step': step, 'kind': 'train'})
+  train.append_log(path, {'step': 4, 'kind': 'eval'})
   assert len(fileio.read_jsonl(path)) == 7
   assert train.drop_log_after(path, 4) == 2
   with tf.io.gfile.GFile(path) as f:

@@ -1,7 +1,6 @@
 """The gin configs in gin/ parse and build the models they describe."""
 
 import dataclasses
-import inspect
 import os
 
 import gin

@@ -1,6 +1,5 @@
 """Tests for specdec/sampling.py: the adjusted distributions and Algorithm 1."""
 
-import itertools
 
 import jax
 import jax.numpy as jnp

@@ -45,9 +45,9 @@ def losses(head: feature_drafter.FeatureHead, head_params: PyTree, target_module
   weights_bt = batch['decoder_loss_weights'].astype(jnp.float32)
   valid_bt = batch['decoder_target_tokens'] > 0
   segments_bt = batch.get('decoder_segment_ids')
-  cross_mask = network._pairwise_mask(valid_bt, batch['encoder_input_tokens'] > 0)  # pylint: disable=protected-access
+  cross_mask = network.pairwise_mask(valid_bt, batch['encoder_input_tokens'] > 0)
   if segments_bt is not None:
-    cross_mask &= network._same_segment_mask(segments_bt, batch['encoder_segment_ids'])  # pylint: disable=protected-access
+    cross_mask &= network.same_segment_mask(segments_bt, batch['encoder_segment_ids'])
   embedded = target_module.apply({'params': jax.lax.stop_gradient(target_params)},
                                  batch['decoder_input_tokens'], method=target_module.embed)
   predicted = head.apply({'params': head_params}, feature_drafter.shift_features_right(features, segments_bt),

@@ -25,7 +25,6 @@ import sys
 from typing import Any, Dict, Optional
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 from jax.sharding import NamedSharding
@@ -38,6 +37,7 @@ from specdec import evaluation
 from specdec import feature_drafter
 from specdec import feature_head_checkpoint
 from specdec import fileio
+from specdec import gin_utils
 from specdec import models
 from specdec import network
 from specdec import partitioning
@@ -61,17 +61,12 @@ def head_config(config: train_config.TrainConfig,
 
 
 def read_draft_vocab(path: Optional[str], vocab_size: int) -> Optional[np.ndarray]:
-  """The token ids of a draft vocabulary file (a JSON list), checked; None for no file."""
+  """The token ids of a draft vocabulary file (`draft_vocab.load_ids`), checked; None for no file."""
   if path is None:
     return None
   if not fileio.isfile(path):
     raise FileNotFoundError(f'draft_vocab_file={path!r} does not exist.')
-  with fileio.open(path) as f:
-    try:
-      ids = json.load(f)
-    except json.JSONDecodeError as e:
-      raise ValueError(f'{path}: not a JSON list of token ids ({e}).') from e
-  return draft_vocab.check_draft_vocab_ids(np.asarray(ids), vocab_size)
+  return draft_vocab.load_ids(path, vocab_size)
 
 
 class FeatureHeadTrainer(train.Trainer):
@@ -107,7 +102,7 @@ class FeatureHeadTrainer(train.Trainer):
     self.mesh = partitioning.make_mesh(partition.num_partitions)
     self.rules = train.train_rules(partition.parameter_partitioning_dims)
     self.module = feature_drafter.FeatureHead(self.head_config)
-    self.optimizer = train._configured(train.make_optimizer)()  # pylint: disable=protected-access
+    self.optimizer = gin_utils.configured(train.make_optimizer)()
     axis_sizes = partitioning.mesh_axis_sizes(self.mesh)
     params = jax.eval_shape(lambda: feature_drafter.init_params(self.head_config,
                                                                 jax.random.PRNGKey(0)))
@@ -121,8 +116,8 @@ class FeatureHeadTrainer(train.Trainer):
     self.init_from_t5x = None
     self.replicated = NamedSharding(self.mesh, PartitionSpec())
     self.data_sharding = NamedSharding(
-        self.mesh, train._batch_spec(self.mesh, self.rules, config.data.batch_size))  # pylint: disable=protected-access
-    self.shapes = jax.eval_shape(lambda: train._fresh_state(  # pylint: disable=protected-access
+        self.mesh, train.batch_spec(self.mesh, self.rules, config.data.batch_size))
+    self.shapes = jax.eval_shape(lambda: train.fresh_state(
         self.optimizer, feature_drafter.init_params(self.head_config, jax.random.PRNGKey(0))))
     # The frozen target, laid out by decoding's rules (replicated on one device).
     target_specs = partitioning.logical_to_mesh_specs(
@@ -221,7 +216,7 @@ class FeatureHeadTrainer(train.Trainer):
     record['eval_loss'] = float(np.mean(losses)) if losses else None
     print('eval ' + json.dumps(record), flush=True)
     if self.chief:
-      train._append_log(self.log_path, dict(record, kind='eval'))  # pylint: disable=protected-access
+      train.append_log(self.log_path, dict(record, kind='eval'))
     return record
 
   # ---------------------------------------------------------------------------
@@ -229,21 +224,18 @@ class FeatureHeadTrainer(train.Trainer):
   # ---------------------------------------------------------------------------
 
   def export(self, step: int, final_eval: Dict[str, Any]) -> None:
+    """Writes the head (`feature_head_checkpoint.save`) and its model card to export_dir, with what made them."""
     config = self.config
+    # Every process takes part in gathering the params; one writes them.
     params = partitioning.to_host(self.state['params'])
     if not self.chief:
       return
-    runs = fileio.read_jsonl(self.runs_path)
     section = config.feature_head
-    train_record = {
-        'step': step, 'mixture_or_task_name': config.data.mixture_or_task_name,
-        'corpus_dir': config.data.corpus_dir, 'equal_rates': config.data.equal_rates,
-        'task_rates': dict(config.data.task_rates) if config.data.task_rates else None,
-        'target_dir': section.target_dir,
-        'loss': {'ce_weight': section.ce_weight, 'feature_weight': section.feature_weight,
-                 'unroll_steps': section.unroll_steps, 'step_decay': section.step_decay},
-        'draft_vocab_file': section.draft_vocab_file, 'init_from_dir': config.init.init_from_dir,
-        'runs': runs, 'minutes': sum(r['minutes'] for r in runs), 'final_eval': final_eval}
+    train_record = dict(
+        self.export_record(step, final_eval), target_dir=section.target_dir,
+        loss={'ce_weight': section.ce_weight, 'feature_weight': section.feature_weight,
+              'unroll_steps': section.unroll_steps, 'step_decay': section.step_decay},
+        draft_vocab_file=section.draft_vocab_file)
     feature_head_checkpoint.save(
         config.export_dir, self.head_config, params,
         target_sha256=feature_head_checkpoint.params_sha256(self.target_params_host),

@@ -52,7 +52,6 @@ import time
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # seqio's TensorFlow is chatty.
 from typing import Any, Dict, Iterator, Mapping, Optional, Tuple
 
-import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -105,18 +104,6 @@ def constant_learning_rate(step, value: float = 1e-3, warmup_steps: int = 0):
 SCHEDULES = ('rsqrt', 'constant')
 
 
-def _configured(fn):
-  """The gin-configured version of `fn` when gin knows it, else `fn` itself.
-
-  The gin files register this module's functions dynamically, which binds
-  their configurable versions, not the module attributes called here.
-  """
-  try:
-    return gin.get_configurable(fn)
-  except ValueError:
-    return fn
-
-
 def make_optimizer(name: str = 'adafactor', weight_decay: float = 0.0,
                    clip_norm: Optional[float] = 1.0, schedule: str = 'rsqrt',
                    min_dim_size_to_factor: int = 128) -> optax.GradientTransformation:
@@ -130,7 +117,7 @@ def make_optimizer(name: str = 'adafactor', weight_decay: float = 0.0,
   """
   if schedule not in SCHEDULES:
     raise ValueError(f'schedule must be one of {SCHEDULES}, got {schedule!r}.')
-  rate = _configured(learning_rate_schedule if schedule == 'rsqrt'
+  rate = gin_utils.configured(learning_rate_schedule if schedule == 'rsqrt'
                      else constant_learning_rate)
   if name == 'adafactor':
     # T5X's default: updates scaled by each parameter's RMS.
@@ -307,7 +294,7 @@ def state_specs(config: network.T5Config, optimizer: optax.GradientTransformatio
 
 def state_shapes(config: network.T5Config, optimizer: optax.GradientTransformation) -> PyTree:
   """{'step', 'params', 'opt_state'} as ShapeDtypeStructs (nothing allocated)."""
-  return jax.eval_shape(lambda: _fresh_state(
+  return jax.eval_shape(lambda: fresh_state(
       optimizer, network.init_params(config, jax.random.PRNGKey(0))))
 
 
@@ -342,12 +329,12 @@ def lay_out(config: train_config.TrainConfig, mesh) -> TrainLayout:
   """
   network_config, partition = config.network_config, config.partitioning
   rules = train_rules(partition.parameter_partitioning_dims)
-  optimizer = _configured(make_optimizer)()
+  optimizer = gin_utils.configured(make_optimizer)()
   specs = state_specs(network_config, optimizer, rules, partitioning.mesh_axis_sizes(mesh))
   return TrainLayout(
       mesh=mesh, rules=rules, module=network.Transformer(network_config), optimizer=optimizer, specs=specs,
       shardings=partitioning.named_shardings(mesh, specs), replicated=NamedSharding(mesh, PartitionSpec()),
-      data_sharding=NamedSharding(mesh, _batch_spec(mesh, rules, config.data.batch_size)),
+      data_sharding=NamedSharding(mesh, batch_spec(mesh, rules, config.data.batch_size)),
       shapes=state_shapes(network_config, optimizer))
 
 
@@ -373,7 +360,7 @@ def jit_train_step(config: train_config.TrainConfig, layout: TrainLayout, teache
                  out_shardings=(layout.shardings, layout.replicated), donate_argnums=(0,))
 
 
-def _fresh_state(optimizer, params):
+def fresh_state(optimizer, params):
   return {'step': jnp.zeros((), jnp.int32), 'params': params,
           'opt_state': optimizer.init(params)}
 
@@ -393,7 +380,7 @@ def _put_replicated(x, sharding):
   return partitioning.put_tree(np.asarray(x), sharding)
 
 
-def _append_log(path, record):
+def append_log(path, record):
   """Appends one JSON line (on gs://, by rewriting the object: fileio.append_text)."""
   fileio.append_text(path, json.dumps(record) + '\n')
 
@@ -607,7 +594,7 @@ class Trainer:
       print(f'Resumed from {model_dir} at step {latest}.', flush=True)
     else:
       # The optimizer state is made in its shards too: no host holds it whole.
-      state = jax.jit(functools.partial(_fresh_state, self.optimizer),
+      state = jax.jit(functools.partial(fresh_state, self.optimizer),
                       out_shardings=self.shardings, donate_argnums=(0,))(self._initial_params())
     self.state = jax.device_put(state, self.shardings)
     self.manager = manager
@@ -658,7 +645,7 @@ class Trainer:
       record.update({f'{task_name}/{k}': v for k, v in result['metrics'].items()})
     print('eval ' + json.dumps(record), flush=True)
     if self.chief:
-      _append_log(self.log_path, dict(record, kind='eval'))
+      append_log(self.log_path, dict(record, kind='eval'))
     return record
 
   # ---------------------------------------------------------------------------
@@ -692,7 +679,7 @@ class Trainer:
     metrics = jax.tree_util.tree_map(float, metrics)
     print(progress.line(step, metrics['loss'], tokens), flush=True)
     if self.chief:
-      _append_log(self.log_path, dict(metrics, step=step, kind='train',
+      append_log(self.log_path, dict(metrics, step=step, kind='train',
                                       tokens_per_s=progress.tokens / max(
                                           time.perf_counter() - progress.t0, 1e-9)))
 
@@ -748,6 +735,22 @@ class Trainer:
         break
     return step, record
 
+  def export_record(self, step: int, final_eval: Dict[str, Any]) -> Dict[str, Any]:
+    """What every export records of the run that made it: the step, the data, the starting point, every run's
+    command and minutes, the final evaluation."""
+    config = self.config
+    runs = fileio.read_jsonl(self.runs_path)
+    return {
+        'step': step,
+        'mixture_or_task_name': config.data.mixture_or_task_name,
+        'corpus_dir': config.data.corpus_dir,
+        'equal_rates': config.data.equal_rates,
+        'task_rates': dict(config.data.task_rates) if config.data.task_rates else None,
+        'init_from_dir': config.init.init_from_dir,
+        'runs': runs,
+        'minutes': sum(r['minutes'] for r in runs),
+        'final_eval': final_eval}
+
   def export(self, step: int, final_eval: Dict[str, Any]) -> None:
     """Writes the params in the compact format to export_dir, with what made them."""
     config = self.config
@@ -755,25 +758,17 @@ class Trainer:
     params = partitioning.to_host(self.state['params'])
     if not self.chief:
       return
-    runs = fileio.read_jsonl(self.runs_path)
     distilled = bool(config.distill.teacher_dir)
-    checkpoints.save_compact(config.export_dir, config.network_config, params, extra={'train': {
-        'step': step,
-        'mixture_or_task_name': config.data.mixture_or_task_name,
-        'teacher_dir': config.distill.teacher_dir,
-        'distill_weight': config.distill.distill_weight if distilled else None,
-        'divergence': config.distill.divergence if distilled else None,
-        'corpus_dir': config.data.corpus_dir,
-        'equal_rates': config.data.equal_rates,
-        'task_rates': dict(config.data.task_rates) if config.data.task_rates else None,
-        'init_from_dir': config.init.init_from_dir,
+    checkpoints.save_compact(config.export_dir, config.network_config, params, extra={'train': dict(
+        self.export_record(step, final_eval),
+        teacher_dir=config.distill.teacher_dir,
+        distill_weight=config.distill.distill_weight if distilled else None,
+        divergence=config.distill.divergence if distilled else None,
         # What made the starting model, so a continuation that later replaces it keeps its history.
-        'init_train': checkpoints.training_record(config.init.init_from_dir) if config.init.init_from_dir else None,
-        'init_from_t5x': self.init_from_t5x,
-        'mesh': partitioning.mesh_axis_sizes(self.mesh),
-        'runs': runs,
-        'minutes': sum(r['minutes'] for r in runs),
-        'final_eval': final_eval}})
+        init_train=(checkpoints.training_record(config.init.init_from_dir) if config.init.init_from_dir
+                    else None),
+        init_from_t5x=self.init_from_t5x,
+        mesh=partitioning.mesh_axis_sizes(self.mesh))})
     print(f'Exported params to {config.export_dir}.', flush=True)
 
   def run(self) -> Dict[str, Any]:
@@ -812,7 +807,7 @@ def _check_task_vocabulary(mixture_or_task_name: str, config: network.T5Config) 
           '(T5 1.1 checkpoints use 32128 for T5\'s 32100-id vocabulary).')
 
 
-def _batch_spec(mesh, rules, batch_size: int) -> PartitionSpec:
+def batch_spec(mesh, rules, batch_size: int) -> PartitionSpec:
   """('batch', 'length') -> mesh axes for [batch_size, L] features (batch over 'data')."""
   return partitioning.logical_to_mesh_specs(
       PartitionSpec('batch', 'length'), jax.ShapeDtypeStruct((batch_size, 1), np.int32),
@@ -877,7 +872,7 @@ def parse_config(argv, program: str = 'specdec.training.train') -> train_config.
                      f'{train_config.selector(stale[0])} instead.')
   # The gin files register train_config's classes (dynamic registration);
   # their configurable versions carry the bindings.
-  return _configured(train_config.TrainConfig)()
+  return gin_utils.configured(train_config.TrainConfig)()
 
 
 def main(argv=None):

@@ -32,24 +32,14 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import gin
 
+from specdec import feature_drafter
+from specdec import gin_utils
 from specdec import network
-
-
-def _configured(cls):
-  """The gin-configured version of `cls` when gin knows it, else `cls` itself.
-
-  Gin files register these classes dynamically, which binds their
-  configurable versions, not the module attributes.
-  """
-  try:
-    return gin.get_configurable(cls)
-  except ValueError:
-    return cls
 
 
 def _section(cls):
   """A dataclass field whose default is `cls` as gin configures it (when it does)."""
-  return dataclasses.field(default_factory=lambda: _configured(cls)())
+  return dataclasses.field(default_factory=lambda: gin_utils.configured(cls)())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,6 +120,10 @@ class PartitioningConfig:
   parameter_partitioning_dims: int = 1
 
 
+# A feature head's own sizes default to the network's (`feature_drafter.FeatureHeadConfig`).
+_HEAD_DEFAULTS = {field.name: field.default for field in dataclasses.fields(feature_drafter.FeatureHeadConfig)}
+
+
 @dataclasses.dataclass(frozen=True)
 class FeatureHeadTrainConfig:
   """Training a feature head (specdec/feature_drafter.py) for a frozen target.
@@ -148,12 +142,12 @@ class FeatureHeadTrainConfig:
   `eval_decode_tasks`.
   """
   target_dir: Optional[str] = None
-  width: int = 128
-  num_layers: int = 1
-  num_heads: int = 2
-  head_dim: int = 64
-  mlp_dim: int = 512
-  attention: bool = True
+  width: int = _HEAD_DEFAULTS['width']
+  num_layers: int = _HEAD_DEFAULTS['num_layers']
+  num_heads: int = _HEAD_DEFAULTS['num_heads']
+  head_dim: int = _HEAD_DEFAULTS['head_dim']
+  mlp_dim: int = _HEAD_DEFAULTS['mlp_dim']
+  attention: bool = _HEAD_DEFAULTS['attention']
   ce_weight: float = 0.1
   feature_weight: float = 1.0
   unroll_steps: int = 1

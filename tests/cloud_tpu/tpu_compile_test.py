@@ -5,7 +5,6 @@ import json
 import os
 
 import jax
-import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 import numpy as np
 import pytest

@@ -80,7 +80,7 @@ def first_run(tmp_path_factory, target_dir):
   vocab_file = os.path.join(str(model_dir), 'draft_vocab.json')
   with open(vocab_file, 'w') as f:
     json.dump(list(range(0, 8192, 2)) + [1], f)  # unsorted on purpose: not accepted
-  with pytest.raises(ValueError, match='sorted and unique'):
+  with pytest.raises(ValueError, match=r'draft_vocab.json: token ids must be sorted ascending and unique'):
     feature_training.FeatureHeadTrainer(_config(model_dir, target_dir,
                                                 draft_vocab_file=vocab_file))
   with open(vocab_file, 'w') as f:

@@ -26,7 +26,6 @@ import os
 import shutil
 import types
 
-import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
