@@ -19,6 +19,7 @@ import pytest
 from specdec import decoding
 from specdec import feature_decoding
 from specdec import sampling
+from tests import decoding_test
 from tests import feature_drafter_test
 from tests import sampling_test
 from tests import toy
@@ -59,23 +60,13 @@ def _toy_baseline(target, inputs):
   return jax.jit(fn)(inputs, target.init_cache(inputs.shape[0]))[0]
 
 
-def _prompted(batch, length, vocab=9, seed=0):
-  """Rows with prompts of 0..3 tokens (no EOS), and one row limited to 2 new tokens."""
-  rng = np.random.RandomState(seed)
-  inputs = np.zeros((batch, length), np.int32)
-  for b in range(batch):
-    n = b % 4
-    inputs[b, 1:1 + n] = rng.randint(2, vocab, size=n)
-  return jnp.asarray(inputs)
-
-
 class TestToyLoop:
 
   @pytest.mark.parametrize('gamma, temperature, shrink', [
       (1, 0.0, True), (3, 0.0, False), (2, 1.0, False), (5, 1.0, True)])
   def test_exact_drafter_has_every_draft_accepted(self, gamma, temperature, shrink):
     target, drafter = _toy_pair()
-    inputs = _prompted(12, 8)
+    inputs = decoding_test._prompted_inputs(12, 8)
     out = _toy_speculative(target, drafter, inputs, gamma, temperature=temperature, topk=0,
                            return_stats=True, shrink_batch=shrink,
                            decode_rng=jax.random.PRNGKey(gamma))
@@ -95,7 +86,7 @@ class TestToyLoop:
 
     # Only the first round (which reads no verify features) is right; later
     # drafts match by chance (1 in 9).
-    out = _toy_speculative(target, drafter, _prompted(12, 24), 3, target_fn=shifted,
+    out = _toy_speculative(target, drafter, decoding_test._prompted_inputs(12, 24), 3, target_fn=shifted,
                            temperature=0.0, topk=0, return_stats=True)
     assert out.stats['accepted'].sum() < 0.5 * out.stats['judged'].sum()
 
@@ -106,7 +97,7 @@ class TestToyLoop:
     Python; one wrong draft more a row (a feature or cache left misaligned by a rejection) changes them."""
     gamma, length = 3, 24
     target, drafter = _toy_pair(length=length)
-    inputs = _prompted(12, length)
+    inputs = decoding_test._prompted_inputs(12, length)
 
     class WrongAtMultiplesOfThree:
       def init_cache(self, batch):
@@ -144,7 +135,7 @@ class TestToyLoop:
 
   def test_greedy_identical_with_a_poor_drafter(self):
     target, drafter = _toy_pair(exact=False)
-    inputs = _prompted(12, 8)
+    inputs = decoding_test._prompted_inputs(12, 8)
     out = _toy_speculative(target, drafter, inputs, 3, temperature=0.0, topk=0,
                            return_stats=True)
     np.testing.assert_array_equal(out.decodes[:, -1], _toy_baseline(target, inputs)[:, -1])
@@ -174,14 +165,14 @@ class TestToyLoop:
 
   def test_adaptive_drafting_keeps_features_aligned(self):
     target, drafter = _toy_pair()
-    out = _toy_speculative(target, drafter, _prompted(12, 8), 4, temperature=1.0, topk=0,
+    out = _toy_speculative(target, drafter, decoding_test._prompted_inputs(12, 8), 4, temperature=1.0, topk=0,
                            draft_confidence=0.3, return_stats=True, shrink_batch=False,
                            decode_rng=jax.random.PRNGKey(7))
     np.testing.assert_array_equal(out.stats['accepted'], out.stats['judged'])
 
   def test_num_decodes(self):
     target, drafter = _toy_pair()
-    out = _toy_speculative(target, drafter, _prompted(3, 8), 2, temperature=1.0, topk=0,
+    out = _toy_speculative(target, drafter, decoding_test._prompted_inputs(3, 8), 2, temperature=1.0, topk=0,
                            num_decodes=4, return_stats=True, decode_rng=jax.random.PRNGKey(2))
     assert out.decodes.shape == (3, 4, 8)
     np.testing.assert_array_equal(out.stats['accepted'], out.stats['judged'])
@@ -280,7 +271,7 @@ class TestNetworkDecoding:
   @pytest.mark.parametrize('gamma', [1, 3])
   @pytest.mark.parametrize('trimmed', [False, True])
   def test_greedy_outputs_are_the_targets(self, nets, gamma, trimmed):
-    inputs = _prompted(5, 10, vocab=TARGET.vocab_size)
+    inputs = decoding_test._prompted_inputs(5, 10, vocab=TARGET.vocab_size)
     enc = _encoder_inputs(5, 7)
     ids = jnp.arange(0, TARGET.vocab_size, 3) if trimmed else None
     out = _network_decode(nets, inputs, enc, gamma, ids, temperature=0.0, topk=0,
