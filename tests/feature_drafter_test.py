@@ -114,7 +114,7 @@ class TestHead:
     enc = batch_['encoder_input_tokens']
     length = features.shape[1]
     valid = batch_['decoder_target_tokens'] > 0
-    cross = network._pairwise_mask(valid, enc > 0)
+    cross = network.pairwise_mask(valid, enc > 0)
     depths = head.apply({'params': head_params}, fd.shift_features_right(features), embedded,
                         encoded, valid, cross, 3, method=head.unrolled)
     _, v = head.apply({'params': head_params}, encoded, enc > 0, length, method=head.init_cache,
@@ -144,9 +144,9 @@ class TestHead:
     _, _, head, head_params = nets
     batch_, encoded, features, embedded = _teacher_forced(nets)
     valid = batch_['decoder_target_tokens'] > 0
-    cross = network._pairwise_mask(valid, batch_['encoder_input_tokens'] > 0)
+    cross = network.pairwise_mask(valid, batch_['encoder_input_tokens'] > 0)
     causal = jnp.tril(jnp.ones((valid.shape[1],) * 2, bool))[None, None]
-    self_mask = causal & network._pairwise_mask(valid, valid)
+    self_mask = causal & network.pairwise_mask(valid, valid)
     shifted = fd.shift_features_right(features)
     full = head.apply({'params': head_params}, shifted, embedded, encoded, self_mask, cross)
     (depth0,) = head.apply({'params': head_params}, shifted, embedded, encoded, valid, cross, 1,

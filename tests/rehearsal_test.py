@@ -134,8 +134,8 @@ def _case_rehearsal(root):
   restored = []
   real_restore = checkpoints.restore_params
 
-  def spy(path, config, shardings=None, dtype=None):
-    params = real_restore(path, config, shardings, dtype)
+  def spy(path, config, shardings=None, dtype=None, fmt=None):
+    params = real_restore(path, config, shardings, dtype, fmt)
     leaf = params['encoder']['layers_0']['mlp']['wi_0']['kernel']
     restored.append((path, dict(leaf.sharding.mesh.shape), leaf.sharding.spec))
     return params
