@@ -107,11 +107,9 @@ def restore(checkpoint: str, config: Optional[network.T5Config] = None, dtype: O
 
 
 def load_module_and_params(directory: str) -> Tuple[Any, Any]:
-  """(flax module, float32 params) of a shipped model directory (`restore`)."""
-  if not fileio.isdir(directory):
-    raise FileNotFoundError(f'No model directory at {directory}.')
-  restored = restore(directory)
-  return restored.module, restored.params
+  """(flax module, float32 params) of a shipped model directory (`load_drafter` without a vocabulary)."""
+  module, params, _ = load_drafter(directory)
+  return module, params
 
 
 def load_drafter(directory: str, target_params: Any = None

@@ -435,9 +435,9 @@ def parse_command_line(argv: Sequence[str]) -> bool:
   UsageError (one line) for an unknown argument, a missing gin file or a malformed binding.
   """
   try:
-    files, bindings, multihost = gin_utils.launch_args(argv, other_flags=('--debug; --help lists them',))
+    files, bindings, multihost = gin_utils.launch_args(argv, other_flags=('--debug',))
   except ValueError as e:
-    raise UsageError(str(e)) from None
+    raise UsageError(f'{e} --help lists them.') from None
   try:
     gin_utils.parse(files or [DEFAULT_GIN_FILE], bindings, renamed=run_config.FORMER_RUN_PARAMETERS)
   except FileNotFoundError as e:

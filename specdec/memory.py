@@ -127,9 +127,8 @@ def network_memory(config: network.T5Config, axis_sizes: Mapping[str, int],
   """
   rules = partitioning.standard_logical_axis_rules() if rules is None else rules
   params = abstract_params(config)
-  param_mesh_specs = partitioning.logical_to_mesh_specs(
-      partitioning.param_logical_axes(network.Transformer(config), params),
-      params, rules, axis_sizes)
+  param_mesh_specs = partitioning.param_specs(network.Transformer(config), params,
+                                              rules, axis_sizes)
   cache = abstract_cache(config, batch_size, input_len, cache_len)
   per_leaf = leaf_bytes_per_device(
       cache, partitioning.cache_specs(cache, rules, axis_sizes), axis_sizes)

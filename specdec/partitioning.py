@@ -254,15 +254,20 @@ def param_logical_axes(module: Any, params: PyTree) -> PyTree:
                                 flax.core.unfreeze(params))
 
 
+def param_specs(module: Any, params: PyTree, rules: LogicalAxisRules,
+                axis_sizes: Mapping[str, int]) -> PyTree:
+  """Mesh PartitionSpecs of one network's params (arrays or ShapeDtypeStructs), from their logical axes."""
+  return logical_to_mesh_specs(param_logical_axes(module, params), params, rules, axis_sizes)
+
+
 def param_shardings(module: Any, params: PyTree, mesh: Mesh,
                     rules: Optional[LogicalAxisRules] = None) -> PyTree:
-  """One network's params (arrays or ShapeDtypeStructs) laid out on `mesh` by `rules` (T5X's standard ones by
-  default): the layout a sharded predictor gives them, without building a model or a predictor."""
+  """One network's params laid out on `mesh` by `rules` (T5X's standard ones by default): the layout a sharded
+  predictor gives them, without building a model or a predictor."""
   rules = tuple(standard_logical_axis_rules() if rules is None else rules)
   axis_sizes = mesh_axis_sizes(mesh)
   check_rules(rules, axis_sizes)
-  return named_shardings(mesh, logical_to_mesh_specs(param_logical_axes(module, params), params, rules,
-                                                     axis_sizes))
+  return named_shardings(mesh, param_specs(module, params, rules, axis_sizes))
 
 
 def cache_specs(cache: PyTree, rules: LogicalAxisRules,

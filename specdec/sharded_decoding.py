@@ -47,9 +47,8 @@ def param_specs(model: models.SpeculativeEncoderDecoderModel, params: PyTree,
   modules = {models.TARGET: model.module, models.DRAFTER: model.drafter_module}
   specs = {}
   for name, tree in params.items():
-    logical = partitioning.param_logical_axes(modules.get(name), tree)
-    specs[name] = partitioning.logical_to_mesh_specs(logical, tree, rules,
-                                                     axis_sizes)
+    specs[name] = partitioning.param_specs(modules.get(name), tree, rules,
+                                           axis_sizes)
   return specs
 
 

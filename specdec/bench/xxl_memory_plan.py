@@ -98,8 +98,7 @@ def loop_kernel_bytes(config: network.T5Config, axis_sizes: Mapping[str, int], r
                       param_dtype: str) -> int:
   """Per chip, one more copy of every decoder layer's LOOP_KERNELS in `param_dtype`."""
   params = memory.abstract_params(config)
-  specs = partitioning.logical_to_mesh_specs(
-      partitioning.param_logical_axes(network.Transformer(config), params), params, rules, axis_sizes)
+  specs = partitioning.param_specs(network.Transformer(config), params, rules, axis_sizes)
   decoder, decoder_specs = params['decoder'], specs['decoder']
   shapes, kernel_specs = {}, {}
   for i in range(config.num_decoder_layers):

@@ -106,8 +106,7 @@ class FeatureHeadTrainer(train.Trainer):
     axis_sizes = partitioning.mesh_axis_sizes(self.mesh)
     params = jax.eval_shape(lambda: feature_drafter.init_params(self.head_config,
                                                                 jax.random.PRNGKey(0)))
-    logical = feature_drafter.param_logical_axes(self.head_config)
-    param_specs = partitioning.logical_to_mesh_specs(logical, params, self.rules, axis_sizes)
+    param_specs = partitioning.param_specs(self.module, params, self.rules, axis_sizes)
     opt_shapes = jax.eval_shape(self.optimizer.init, params)
     self.specs = {'step': PartitionSpec(), 'params': param_specs,
                   'opt_state': partitioning.optimizer_state_specs(opt_shapes, params,
@@ -120,9 +119,8 @@ class FeatureHeadTrainer(train.Trainer):
     self.shapes = jax.eval_shape(lambda: train.fresh_state(
         self.optimizer, feature_drafter.init_params(self.head_config, jax.random.PRNGKey(0))))
     # The frozen target, laid out by decoding's rules (replicated on one device).
-    target_specs = partitioning.logical_to_mesh_specs(
-        partitioning.param_logical_axes(self.target_module, self.target_params_host),
-        self.target_params_host, self.rules, axis_sizes)
+    target_specs = partitioning.param_specs(self.target_module, self.target_params_host, self.rules,
+                                            axis_sizes)
     self.target_params = partitioning.put_tree(
         self.target_params_host, partitioning.named_shardings(self.mesh, target_specs))
     n_head = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(params))
